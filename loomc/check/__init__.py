@@ -1,0 +1,75 @@
+"""The checker: resolution through `use`, types without implicit casts, shapes, context rules.
+
+Entry points: `check_files` for plain `.loom` files and `check_document` (in
+`document.py`) for a model document's control, prepare and sources together.
+All errors of a run are returned, sorted by position.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loomc.check.commands import CommandChecker
+from loomc.check.control import ControlChecker
+from loomc.check.core import Core
+from loomc.check.decls import check_config, check_param, check_stage, check_state, compare_signatures
+from loomc.check.kernels import KernelChecker
+from loomc.check.program import Program, Reporter
+from loomc.syntax import ast
+from loomc.syntax.diagnostics import Diagnostic
+
+
+def check_program(program: Program, overrides: dict[str, Any] | None = None) -> Core:
+    """Check every loaded module once. Returns the Core so callers can add cross-module checks."""
+    core = Core(program, overrides)
+    for info in list(program.modules.values()):
+        for item in info.module.items:
+            if isinstance(item, ast.Config):
+                check_config(core, info, item)
+            elif isinstance(item, ast.Param):
+                check_param(core, info, item)
+            elif isinstance(item, ast.State):
+                check_state(core, info, item)
+            elif isinstance(item, ast.Stage):
+                check_stage(core, info, item)
+            elif isinstance(item, ast.Kernel):
+                KernelChecker(core, info, item).run()
+            elif isinstance(item, ast.Command):
+                CommandChecker(core, info, item).run()
+            elif isinstance(item, (ast.Fn, ast.Check)):
+                ControlChecker(core, info, item).run()
+    return core
+
+
+def check_files(paths: list[Path]) -> tuple[list[Diagnostic], dict[str, str]]:
+    """Check `.loom` files (and everything they use). Returns diagnostics and the sources read."""
+    reporter = Reporter()
+    program = Program(reporter)
+    for path in paths:
+        program.load(path)
+    core = check_program(program)
+    match_stages(core, program.modules.values(), program.modules.values(), require_all=False)
+    return reporter.sorted(), reporter.sources
+
+
+def match_stages(core: Core, stage_modules, command_modules, require_all: bool) -> None:
+    """Pair each stage with the command of the same name and compare their signatures."""
+    commands: dict[str, tuple] = {}
+    for info in command_modules:
+        for item in info.module.items:
+            if isinstance(item, ast.Command):
+                commands.setdefault(item.name, (info, item))
+    for info in stage_modules:
+        for item in info.module.items:
+            if not isinstance(item, ast.Stage):
+                continue
+            found = commands.get(item.name)
+            if found is not None:
+                compare_signatures(core, found[0], found[1], info, item)
+            elif require_all:
+                core.error(info, item.name_span, "L0601", f"stage '{item.name}' has no command in the sources",
+                           notes=("each stage needs a `command` of the same name in one of the document's sources",))
+
+
+__all__ = ["check_files", "check_program", "match_stages"]

@@ -1,0 +1,66 @@
+"""The built-in names of each context: kernel math, command motifs, control host functions.
+
+One table per context so the checker, the lowerings and the VM agree on what exists.
+"""
+
+from __future__ import annotations
+
+# Kernel math intrinsics. "float": one float operand, same type out. "same": all operands
+# share one numeric type, which is the result. "select": (bool, T, T) -> T.
+KERNEL_MATH: dict[str, tuple[str, int]] = {
+    "exp": ("float", 1), "exp2": ("float", 1), "log": ("float", 1), "log2": ("float", 1),
+    "sqrt": ("float", 1), "rsqrt": ("float", 1), "tanh": ("float", 1), "erf": ("float", 1),
+    "sin": ("float", 1), "cos": ("float", 1), "floor": ("float", 1), "ceil": ("float", 1),
+    "sigmoid": ("float", 1), "pow": ("float", 2), "fma": ("float", 3),
+    "abs": ("same", 1), "min": ("same", 2), "max": ("same", 2),
+    "select": ("select", 3),
+    "isnan": ("predicate", 1), "isinf": ("predicate", 1),
+}
+
+# Command motifs provided by the compiler as intrinsics (BLAS/cuBLAS), declared in `.loom`
+# signature syntax so shapes are checked exactly like calls to `.loom` kernels.
+COMMAND_MOTIFS_SOURCE = """
+stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
+"""
+
+# Control host functions: name -> (parameter types, result type). "any" accepts every value;
+# a trailing "..." allows extra arguments of the preceding type.
+CONTROL_HOST: dict[str, tuple[tuple[str, ...], str]] = {
+    "len": (("any",), "int"),
+    "keys": (("map",), "list"),
+    "values": (("map",), "list"),
+    "has": (("map", "str"), "bool"),
+    "contains": (("any", "any"), "bool"),
+    "startswith": (("str", "str"), "bool"),
+    "endswith": (("str", "str"), "bool"),
+    "find": (("str", "str"), "int"),
+    "split": (("str", "str"), "list"),
+    "join": (("list", "str"), "str"),
+    "replace": (("str", "str", "str"), "str"),
+    "strip": (("str",), "str"),
+    "lower": (("str",), "str"),
+    "upper": (("str",), "str"),
+    "slice": (("any", "int", "int"), "any"),
+    "append": (("list", "any"), "null"),
+    "type_of": (("any",), "str"),
+    "json_encode": (("any",), "str"),
+    "json_decode": (("str",), "any"),
+    "regex_match": (("str", "str"), "any"),
+    "tokenize": (("any", "str"), "list"),
+    "detokenize": (("any", "list"), "str"),
+    "encode_utf8": (("str",), "bytes"),
+    "decode_utf8": (("bytes",), "str"),
+    "approx": (("float", "float", "float"), "bool"),
+    "fail": (("int", "str"), "null"),
+    "min": (("any", "any"), "any"),
+    "max": (("any", "any"), "any"),
+    "abs": (("any",), "any"),
+}
+
+# Dynamic conversions: `int(x)`, `float(x)`, `str(x)`, `bool(x)`.
+CONTROL_CONVERSIONS = ("int", "float", "str", "bool")
+
+# Weight-preparation functions allowed in `param` initialisers.
+PREPARE_FUNCTIONS = ("checkpoint", "transpose", "cast", "concat", "reshape", "quantize")
+
+STATE_SCOPES = {"row": "rows", "page": "pages", "request": "requests"}

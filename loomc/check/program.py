@@ -1,0 +1,145 @@
+"""A checked program: every module reachable through explicit `use`, with per-module scopes.
+
+Nothing leaks between files: a module sees its own items plus the names it
+imports, and an import only finds items *declared* in the target module.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loomc.syntax import ast
+from loomc.syntax.diagnostics import Diagnostic, LoomSyntaxError
+from loomc.syntax.parse import parse_module
+
+STD_PREFIX = "std:"
+MOTIFS_DIR = Path(__file__).resolve().parents[1] / "motifs"
+
+
+class Reporter:
+    """Collects diagnostics; the checker reports everything and sorts once at the end."""
+
+    def __init__(self) -> None:
+        self.diagnostics: list[Diagnostic] = []
+        self.sources: dict[str, str] = {}
+
+    def error(self, path: str, span: ast.Span, code: str, message: str, notes: tuple[str, ...] = ()) -> None:
+        self.diagnostics.append(Diagnostic(path, span.line, span.column, code, message,
+                                           end_line=span.end_line, end_column=span.end_column, notes=notes))
+
+    def add(self, diagnostic: Diagnostic) -> None:
+        self.diagnostics.append(diagnostic)
+
+    def sorted(self) -> list[Diagnostic]:
+        unique = {(d.path, d.line, d.column, d.code, d.message): d for d in self.diagnostics}
+        return sorted(unique.values(), key=lambda d: d.sort_key)
+
+
+@dataclass
+class Symbol:
+    item: ast.Item
+    module: "ModuleInfo"
+
+    @property
+    def kind(self) -> str:
+        return type(self.item).__name__.lower()
+
+
+@dataclass
+class ModuleInfo:
+    path: str  # display path
+    key: str  # resolved absolute path
+    module: ast.Module
+    decls: dict[str, ast.Item] = field(default_factory=dict)
+    scope: dict[str, Symbol] = field(default_factory=dict)
+    checks: dict[str, ast.Check] = field(default_factory=dict)
+
+
+def display_path(path: Path) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return str(path)
+    return str(path) if rel.startswith("..") else rel
+
+
+def resolve_use(importer: Path, target: str) -> Path:
+    if target.startswith(STD_PREFIX):
+        return MOTIFS_DIR / target[len(STD_PREFIX):]
+    return (importer.parent / target).resolve()
+
+
+class Program:
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+        self.modules: dict[str, ModuleInfo] = {}
+
+    def load(self, path: Path) -> ModuleInfo | None:
+        """Load a file and, transitively, everything it uses. Returns None if it did not parse."""
+        key = str(path.resolve())
+        if key in self.modules:
+            return self.modules[key]
+        shown = display_path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            self.reporter.add(Diagnostic(shown, 1, 1, "L0203", f"cannot read file: {exc.strerror or exc}"))
+            return None
+        self.reporter.sources[shown] = text
+        try:
+            module = parse_module(text, shown)
+        except LoomSyntaxError as exc:
+            self.reporter.add(exc.diagnostic)
+            return None
+        info = ModuleInfo(shown, key, module)
+        self.modules[key] = info
+        self._declare(info)
+        for item in module.items:
+            if isinstance(item, ast.Use):
+                self._import(info, path.resolve(), item)
+        return info
+
+    def _declare(self, info: ModuleInfo) -> None:
+        for item in info.module.items:
+            if isinstance(item, ast.Use):
+                continue
+            if isinstance(item, ast.Check):
+                if item.name in info.checks:
+                    self._duplicate(info, item.name, item.name_span, info.checks[item.name])
+                else:
+                    info.checks[item.name] = item
+                continue
+            if item.name in info.decls:
+                self._duplicate(info, item.name, item.name_span, info.decls[item.name])
+                continue
+            info.decls[item.name] = item
+            info.scope[item.name] = Symbol(item, info)
+
+    def _duplicate(self, info: ModuleInfo, name: str, span: ast.Span, first) -> None:
+        first_span = getattr(first, "name_span", first.span)
+        self.reporter.error(info.path, span, "L0201", f"'{name}' is already defined at {first_span.line}:{first_span.column}")
+
+    def _import(self, info: ModuleInfo, importer: Path, use: ast.Use) -> None:
+        target_path = resolve_use(importer, use.path)
+        if not target_path.is_file():
+            self.reporter.error(info.path, use.path_span, "L0203", f"cannot find module \"{use.path}\"",
+                                notes=(f"looked for {display_path(target_path)}",))
+            return
+        target = self.load(target_path)
+        if target is None:
+            return
+        for imp in use.imports:
+            item = target.decls.get(imp.name)
+            if item is None:
+                self.reporter.error(info.path, imp.span, "L0202", f"\"{use.path}\" has no item named '{imp.name}'")
+                continue
+            local = imp.local_name
+            if local in info.scope:
+                existing = info.scope[local]
+                where = getattr(existing.item, "name_span", existing.item.span)
+                self.reporter.error(info.path, imp.span, "L0201",
+                                    f"'{local}' is already defined at {where.line}:{where.column}")
+                continue
+            info.scope[local] = Symbol(item, target)

@@ -1,0 +1,99 @@
+"""Checker types: numeric scalars and tensors for kernels/commands, dynamic types for control code.
+
+Integer and float literals are *untyped constants* (as in Go): they take the
+type their context needs, which is not a cast. Everything else must match exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loomc.check.shapes import Dim
+
+INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+UNSIGNED_TYPES = ("u8", "u16", "u32", "u64")
+FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
+QUANT_TYPES = ("q4_0", "q4_1", "q8_0")
+NUMERIC_TYPES = ("bool",) + INT_TYPES + FLOAT_TYPES
+STORAGE_TYPES = NUMERIC_TYPES + QUANT_TYPES
+DYN_TYPES = ("any", "null", "bool", "int", "float", "str", "bytes", "list", "map")
+
+BITS = {"bool": 8, "i8": 8, "u8": 8, "i16": 16, "u16": 16, "f16": 16, "bf16": 16,
+        "i32": 32, "u32": 32, "f32": 32, "i64": 64, "u64": 64, "f64": 64}
+INT_RANGES = {t: ((0, 2 ** BITS[t] - 1) if t in UNSIGNED_TYPES else (-(2 ** (BITS[t] - 1)), 2 ** (BITS[t] - 1) - 1))
+              for t in INT_TYPES}
+# GGUF block geometry: elements per block along the last dimension.
+QUANT_BLOCK = {"q4_0": 32, "q4_1": 32, "q8_0": 32}
+
+
+@dataclass(frozen=True)
+class Scalar:
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_int(self) -> bool:
+        return self.name in INT_TYPES
+
+    @property
+    def is_float(self) -> bool:
+        return self.name in FLOAT_TYPES
+
+
+@dataclass(frozen=True)
+class Untyped:
+    """An integer or float literal that has not yet met a type."""
+
+    kind: str  # "int" | "float"
+
+    def __str__(self) -> str:
+        return f"{self.kind} literal"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    dtype: str
+    dims: tuple[Dim, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(str(d) for d in self.dims)}]"
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+
+@dataclass(frozen=True)
+class Dyn:
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+ANY = Dyn("any")
+NULL = Dyn("null")
+BOOL = Scalar("bool")
+I64 = Scalar("i64")
+F32 = Scalar("f32")
+UNTYPED_INT = Untyped("int")
+UNTYPED_FLOAT = Untyped("float")
+
+CheckType = Scalar | Untyped | Tensor | Dyn
+
+
+def default_type(t: CheckType) -> CheckType:
+    """What an untyped literal becomes when nothing constrains it: i64 or f32."""
+    if isinstance(t, Untyped):
+        return I64 if t.kind == "int" else F32
+    return t
+
+
+def is_integral(t: CheckType) -> bool:
+    return (isinstance(t, Scalar) and t.is_int) or t == UNTYPED_INT
+
+
+def is_floating(t: CheckType) -> bool:
+    return (isinstance(t, Scalar) and t.is_float) or t == UNTYPED_FLOAT

@@ -1,0 +1,118 @@
+"""The single parse entry: text → `ast.Module`, or one `LoomSyntaxError` with a positioned diagnostic.
+
+One LALR parser per process (`cache=True` stores its tables). Comments are
+collected through a lexer callback so the formatter can put them back.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+from lark import Lark, Token
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from loomc.syntax import ast
+from loomc.syntax.build import AstBuilder
+from loomc.syntax.diagnostics import Diagnostic, LoomSyntaxError
+
+GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "loom.lark"
+
+_lock = threading.Lock()
+_comment_sink: list[Token] = []
+
+
+def _collect_comment(tok: Token) -> Token:
+    _comment_sink.append(tok)
+    return tok
+
+
+@functools.cache
+def parser() -> Lark:
+    return Lark(
+        GRAMMAR_PATH.read_text(encoding="utf-8"),
+        parser="lalr",
+        lexer="basic",
+        propagate_positions=True,
+        maybe_placeholders=True,
+        lexer_callbacks={"COMMENT": _collect_comment},
+    )
+
+
+# User-facing spellings for terminals that are not plain strings.
+_TERMINAL_NAMES = {
+    "NAME": "a name",
+    "INT": "an integer",
+    "FLOAT": "a float",
+    "STRING": "a string",
+    "BYTES": "a bytes literal",
+    "$END": "end of file",
+}
+
+
+def terminal_spelling(name: str) -> str:
+    if name in _TERMINAL_NAMES:
+        return _TERMINAL_NAMES[name]
+    for term in parser().terminals:
+        if term.name == name and term.pattern.type == "str":
+            return f"'{term.pattern.value}'"
+    return name
+
+
+def parse_module(text: str, path: str = "<input>") -> ast.Module:
+    """Parse one `.loom` file. Raises `LoomSyntaxError` (never a lark exception) on bad input."""
+    with _lock:
+        _comment_sink.clear()
+        try:
+            tree = parser().parse(text)
+        except UnexpectedInput as exc:
+            raise LoomSyntaxError(_diagnostic_for(exc, text, path)) from None
+        tokens = list(_comment_sink)
+    builder = AstBuilder(path)
+    items = builder.module(tree)
+    if builder.diagnostics:
+        raise LoomSyntaxError(min(builder.diagnostics, key=lambda d: d.sort_key))
+    return ast.Module(path, items, _comments(tokens, text), text)
+
+
+def _comments(tokens: list[Token], text: str) -> list[ast.Comment]:
+    lines = text.splitlines()
+    out = []
+    for tok in tokens:
+        before = lines[tok.line - 1][: tok.column - 1] if tok.line <= len(lines) else ""
+        out.append(ast.Comment(str(tok).rstrip(), tok.line, tok.column, trailing=bool(before.strip())))
+    return out
+
+
+def _diagnostic_for(exc: UnexpectedInput, text: str, path: str) -> Diagnostic:
+    from loomc.syntax.errors import match_example
+
+    line, column = exc.line, exc.column
+    if isinstance(exc, UnexpectedCharacters):
+        ch = text[exc.pos_in_stream] if exc.pos_in_stream < len(text) else ""
+        if ch == '"' or text[exc.pos_in_stream: exc.pos_in_stream + 2] == 'b"':
+            return Diagnostic(path, line, column, "L0102", "unterminated string literal",
+                              notes=("a string must close with '\"' on the same line",))
+        return Diagnostic(path, line, column, "L0101", f"unexpected character {ch!r}")
+    expected = tuple(sorted({terminal_spelling(t) for t in (exc.expected or ()) if not t.startswith("__")} |
+                            {terminal_spelling(t) for t in (exc.expected or ()) if t.startswith("__")}))
+    found = "end of file"
+    if isinstance(exc, UnexpectedToken) and exc.token.type != "$END":
+        found = repr(str(exc.token))
+    if isinstance(exc, UnexpectedEOF) or found == "end of file":
+        line, column = _end_position(text)
+    labelled = match_example(exc, text)
+    if labelled is not None:
+        code, message = labelled
+        return Diagnostic(path, line, column, code, f"{message}, found {found}", expected=expected)
+    if found == "end of file":
+        return Diagnostic(path, line, column, "L0103", "unexpected end of file", expected=expected,
+                          notes=(f"expected one of: {', '.join(expected)}",) if expected else ())
+    return Diagnostic(path, line, column, "L0100", f"unexpected {found}", expected=expected,
+                      notes=(f"expected one of: {', '.join(expected)}",) if expected else ())
+
+
+def _end_position(text: str) -> tuple[int, int]:
+    lines = text.split("\n")
+    return len(lines), len(lines[-1]) + 1

@@ -1,0 +1,1 @@
+"""loomd: the Loom daemon, HTTP on top of loomrt with no model knowledge."""
