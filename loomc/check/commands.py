@@ -143,6 +143,11 @@ class CommandChecker:
             self.error(s.start.span, "L0502", "command loops run over constant ranges `a..b`")
             raise CommandError
         for bound in (s.start, s.end):
+            local = next((n for n in _names(bound) if self.scopes.get(n) is not None), None)
+            if local is not None:
+                self.error(bound.span, "L0404", f"command loops are unrolled, so bounds must be constants; "
+                                                f"'{local}' is known only at run time")
+                raise CommandError
             try:
                 value, t = self.core.const_eval(self.info, bound)
             except ConstError:
@@ -338,6 +343,16 @@ class CommandChecker:
                                f"dimension {axis} of '{decl.name}' in {callee.name}: expected {expected} "
                                f"(from {wd}), got {gd}")
                     raise CommandError
+
+
+def _names(e: ast.Expr) -> list[str]:
+    if isinstance(e, ast.Name):
+        return [e.name]
+    if isinstance(e, ast.Binary):
+        return _names(e.left) + _names(e.right)
+    if isinstance(e, (ast.Unary, ast.Paren)):
+        return _names(e.operand if isinstance(e, ast.Unary) else e.inner)
+    return []
 
 
 def _stmt_name(s: ast.Stmt) -> str:

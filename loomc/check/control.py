@@ -34,7 +34,8 @@ def dyn_of(t: T.CheckType) -> T.Dyn:
 
 
 def compatible(got: T.Dyn, want: T.Dyn) -> bool:
-    return want == ANY or got == ANY or got == want or (want != NULL and got == NULL and want in (ANY,))
+    """`any` meets everything; otherwise types must be equal (null is its own type)."""
+    return want == ANY or got == ANY or got == want
 
 
 class ControlChecker:
@@ -95,11 +96,13 @@ class ControlChecker:
         want = self.dyn_type(annotation)
         if value is None:
             return want or ANY
-        got = self.expr(value)
-        if want is not None:
-            self.expect(got, want, value.span)
-            return want
-        return got
+        try:
+            got = self.expr(value)
+            if want is not None:
+                self.expect(got, want, value.span)
+        except ControlError:  # reported; still declare the name so later uses do not cascade
+            return want or ANY
+        return want or got
 
     def stmt_let(self, s: ast.Let) -> None:
         self.declare(s.name, s.name_span, Local(self.initial(s.type, s.value, s.span), False, "let"))
@@ -203,7 +206,7 @@ class ControlChecker:
             self.error(e.span, "L0308", f"condition must be bool, got {t}")
 
     def expect(self, got: T.Dyn, want: T.Dyn, span: ast.Span) -> None:
-        if not compatible(got, want) and not (got == NULL and want in (ANY,)):
+        if not compatible(got, want):
             code = "L0301" if {got, want} == {INT, FLOAT} else "L0300"
             self.error(span, code, f"expected {want}, got {got}" + ("; no implicit casts" if code == "L0301" else ""))
             raise ControlError

@@ -135,12 +135,13 @@ class PrepareChecker:
         if not isinstance(e, ast.StrLit):
             self.error(e.span, "checkpoint takes the tensor's name as a string literal")
             return
+        unknown = [m.group(1) for m in _PLACEHOLDER.finditer(e.value) if m.group(1) != self.family_var]
         for m in _PLACEHOLDER.finditer(e.value):
             if m.group(1) != self.family_var:
                 where = f"the family index is '{self.family_var}'" if self.family_var else "this param has no family index"
                 self.core.error(self.info, e.span, "L0603", f"unknown placeholder '{{{m.group(1)}}}' in checkpoint name; "
                                                             f"{where}")
-        if self.family_var and "{" + self.family_var + "}" not in e.value:
+        if self.family_var and not unknown and "{" + self.family_var + "}" not in e.value:
             self.core.error(self.info, e.span, "L0603",
                             f"every member of family '{self.family_var}' would read the same tensor; "
                             f"put {{{self.family_var}}} in the name")

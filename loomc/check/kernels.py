@@ -121,13 +121,21 @@ class KernelChecker:
         self.error(t.span, "L0500", f"'{t.name}' is a control type; kernels use numeric types")
         raise KernelError
 
+    def initial(self, want: T.CheckType | None, value: ast.Expr) -> T.CheckType:
+        """The type a new local gets. A bad initializer is reported, but the name is still declared
+        (with its annotated type when there is one) so later uses do not cascade into 'unknown name'."""
+        try:
+            got = self.expr(value)
+            return self.expect(got, want, value.span, value) if want else T.default_type(got)
+        except KernelError:
+            return want if want is not None else T.F32
+
     def stmt_let(self, s: ast.Let, top: bool) -> None:
         want = self.local_type(s.type, s.span)
         if isinstance(want, T.Tensor):
             self.error(s.type.span, "L0300", "a `let` holds a scalar; declare local arrays with `var`")
             raise KernelError
-        got = self.expr(s.value)
-        t = self.expect(got, want, s.value.span) if want else T.default_type(got)
+        t = self.initial(want, s.value)
         self.declare(s.name, s.name_span, Local(t, False, "let"))
 
     def stmt_var(self, s: ast.Var, top: bool) -> None:
@@ -143,8 +151,7 @@ class KernelChecker:
                 raise KernelError
             t = want
         else:
-            got = self.expr(s.value)
-            t = self.expect(got, want, s.value.span) if want else T.default_type(got)
+            t = self.initial(want, s.value)
         self.declare(s.name, s.name_span, Local(t, True, "var"))
 
     def stmt_assign(self, s: ast.Assign, top: bool) -> None:
@@ -167,7 +174,7 @@ class KernelChecker:
         got = self.expr(s.value)
         if s.op != "=":
             self.check_operator(s.op[:-1], want, s.span)
-        self.expect(got, want, s.value.span)
+        self.expect(got, want, s.value.span, s.value)
 
     def stmt_exprstmt(self, s: ast.ExprStmt, top: bool) -> None:
         self.expr(s.expr)
@@ -241,8 +248,14 @@ class KernelChecker:
 
     # ---- expressions ---------------------------------------------------------------------
 
-    def expect(self, got: T.CheckType, want: T.CheckType, span: ast.Span) -> T.CheckType:
+    def expect(self, got: T.CheckType, want: T.CheckType, span: ast.Span, value: ast.Expr | None = None) -> T.CheckType:
         if self.core.assignable(got, want):
+            literal = _int_literal(value)
+            if literal is not None and isinstance(want, T.Scalar) and want.is_int:
+                lo, hi = T.INT_RANGES[want.name]
+                if not lo <= literal <= hi:
+                    self.error(span, "L0315", f"integer literal {literal} does not fit in {want}")
+                    raise KernelError
             return want
         if isinstance(got, T.Scalar) and isinstance(want, T.Scalar) and got != want and got.name != "bool" and want.name != "bool":
             self.error(span, "L0301", f"expected {want}, got {got}; no implicit casts",
@@ -447,6 +460,17 @@ class KernelChecker:
             self.error(args[0].span, "L0300", f"{name} takes numbers, got bool")
             raise KernelError
         return T.BOOL if form == "predicate" else T.default_type(common)
+
+
+def _int_literal(e: ast.Expr | None) -> int | None:
+    if isinstance(e, ast.Paren):
+        return _int_literal(e.inner)
+    if isinstance(e, ast.IntLit):
+        return e.value
+    if isinstance(e, ast.Unary) and e.op == "-":
+        inner = _int_literal(e.operand)
+        return -inner if inner is not None else None
+    return None
 
 
 def _describe(e: ast.Expr) -> str:

@@ -33,7 +33,7 @@ class Diagnostic:
         """`path:line:col: error[CODE]: message`, then the source line and a caret."""
         out = [self.header()]
         if source is not None:
-            lines = source.splitlines()
+            lines = source.split("\n")
             if 1 <= self.line <= len(lines):
                 text = lines[self.line - 1].replace("\t", " ")
                 gutter = f"{self.line:>5} | "

@@ -107,10 +107,47 @@ def _diagnostic_for(exc: UnexpectedInput, text: str, path: str) -> Diagnostic:
         code, message = labelled
         return Diagnostic(path, line, column, code, f"{message}, found {found}", expected=expected)
     if found == "end of file":
-        return Diagnostic(path, line, column, "L0103", "unexpected end of file", expected=expected,
-                          notes=(f"expected one of: {', '.join(expected)}",) if expected else ())
+        opener = _unclosed_bracket(text)
+        message = "unexpected end of file"
+        if opener is not None:
+            ch, at_line, at_col = opener
+            message += f": '{ch}' opened at {at_line}:{at_col} is never closed"
+        return Diagnostic(path, line, column, "L0103", message, expected=expected)
     return Diagnostic(path, line, column, "L0100", f"unexpected {found}", expected=expected,
                       notes=(f"expected one of: {', '.join(expected)}",) if expected else ())
+
+
+def _unclosed_bracket(text: str) -> tuple[str, int, int] | None:
+    """The innermost bracket still open at end of input, skipping strings and comments."""
+    stack: list[tuple[str, int, int]] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    line, col, i, n = 1, 1, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "/" and text.startswith("//", i):
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if ch == '"':
+            i += 1
+            col += 1
+            while i < n and text[i] not in '"\n':
+                step = 2 if text[i] == "\\" else 1
+                i += step
+                col += step
+            i += 1
+            col += 1
+            continue
+        if ch in "([{":
+            stack.append((ch, line, col))
+        elif ch in pairs and stack and stack[-1][0] == pairs[ch]:
+            stack.pop()
+        if ch == "\n":
+            line, col = line + 1, 1
+        else:
+            col += 1
+        i += 1
+    return stack[-1] if stack else None
 
 
 def _end_position(text: str) -> tuple[int, int]:

@@ -1,0 +1,5 @@
+"""`python -m loomc` is the `loomc` console script."""
+
+from loomc.cli import main
+
+main()
