@@ -46,7 +46,7 @@ class TensorTypeRef:
 
 @dataclass
 class DynTypeRef:
-    """A dynamic control type: any, int, float, str, bytes, list, map (and bool)."""
+    """A dynamic control type: any, int, float, str, bytes, list, map (`bool` parses as a ScalarTypeRef)."""
 
     name: str
     span: Span = _span()

@@ -29,8 +29,9 @@ def span_of(node: Tree | Token) -> ast.Span:
 
 
 class AstBuilder:
-    def __init__(self, path: str):
+    def __init__(self, path: str, text: str = ""):
         self.path = path
+        self.lines = text.split("\n")
         self.diagnostics: list[Diagnostic] = []
 
     def error(self, span: ast.Span, code: str, message: str) -> None:
@@ -38,6 +39,26 @@ class AstBuilder:
             Diagnostic(self.path, span.line, span.column, code, message,
                        end_line=span.end_line, end_column=span.end_column)
         )
+
+    def same_line(self, before: ast.Span, after: ast.Span, what: str) -> None:
+        """Newlines end statements only by convention, so a line that starts with '(' or '['
+        would silently continue the previous line. Require the opener on the line where its
+        operand ends (as Go does); a line starting with '(' or '[' is then rejected, not merged."""
+        if before.end_line and after.line and after.line != before.end_line:
+            self.error(after, "L0107", f"{what} must be on the line where its operand ends "
+                                       f"(line {before.end_line})")
+
+    def opener_after(self, before: ast.Span) -> ast.Span:
+        """The position of the first non-blank character after `before` (the '(' or '[')."""
+        line, col = before.end_line, before.end_column
+        while 1 <= line <= len(self.lines):
+            text = self.lines[line - 1]
+            while col <= len(text) and text[col - 1] in " \t\r":
+                col += 1
+            if col <= len(text):
+                return ast.Span(line, col, line, col + 1)
+            line, col = line + 1, 1
+        return ast.NO_SPAN
 
     # ---- items ------------------------------------------------------------------
 
@@ -118,6 +139,7 @@ class AstBuilder:
             return ast.ScalarTypeRef(self.keyword(t.children[0]), span_of(t))
         if t.data == "tensor_type":
             dtype, *dims = t.children
+            self.same_line(span_of(dtype), self.opener_after(span_of(dtype)), "a tensor type's '['")
             return ast.TensorTypeRef(self.keyword(dtype), [self.expr(d) for d in dims if d is not None], span_of(t))
         return ast.DynTypeRef(self.keyword(t.children[0]), span_of(t))
 
@@ -176,6 +198,9 @@ class AstBuilder:
 
     def stmt_return_stmt(self, t: Tree) -> ast.Return:
         (value,) = t.children
+        if value is not None and span_of(value).line != span_of(t).line:
+            self.error(span_of(value), "L0108", f"a returned value must start on the line of its `return` "
+                                                f"(line {span_of(t).line}); a bare `return` ends the line")
         return ast.Return(self.expr(value) if value is not None else None, span_of(t))
 
     def stmt_break_stmt(self, t: Tree) -> ast.Break:
@@ -203,10 +228,12 @@ class AstBuilder:
 
     def expr_call(self, t: Tree) -> ast.Call:
         callee, args = t.children
+        self.same_line(span_of(callee), self.opener_after(span_of(callee)), "a call's '('")
         return ast.Call(self.expr(callee), self.args(args), span_of(t))
 
     def expr_index(self, t: Tree) -> ast.Index:
         base, args = t.children
+        self.same_line(span_of(base), self.opener_after(span_of(base)), "an index's '['")
         return ast.Index(self.expr(base), self.args(args), span_of(t))
 
     def args(self, t: Tree | None) -> list[ast.Expr]:
@@ -233,7 +260,12 @@ class AstBuilder:
     def expr_bytes_lit(self, t: Tree) -> ast.BytesLit:
         tok = t.children[0]
         value = self.unescape(str(tok)[2:-1], tok, allow_unicode=False)
-        return ast.BytesLit(value.encode("latin-1", errors="replace"), str(tok), span_of(t))
+        wide = next((i for i, ch in enumerate(str(tok)) if ord(ch) > 0x7F), None)
+        if wide is not None:
+            self.diagnostics.append(Diagnostic(self.path, tok.line, tok.column + wide, "L0104",
+                                               "a bytes literal holds ASCII characters; write other bytes as \\xHH"))
+            return ast.BytesLit(b"", str(tok), span_of(t))
+        return ast.BytesLit(value.encode("latin-1"), str(tok), span_of(t))
 
     def expr_true_lit(self, t: Tree) -> ast.BoolLit:
         return ast.BoolLit(True, span_of(t))

@@ -69,7 +69,7 @@ def parse_module(text: str, path: str = "<input>") -> ast.Module:
         except UnexpectedInput as exc:
             raise LoomSyntaxError(_diagnostic_for(exc, text, path)) from None
         tokens = list(_comment_sink)
-    builder = AstBuilder(path)
+    builder = AstBuilder(path, text)
     items = builder.module(tree)
     if builder.diagnostics:
         raise LoomSyntaxError(min(builder.diagnostics, key=lambda d: d.sort_key))
@@ -77,7 +77,7 @@ def parse_module(text: str, path: str = "<input>") -> ast.Module:
 
 
 def _comments(tokens: list[Token], text: str) -> list[ast.Comment]:
-    lines = text.splitlines()
+    lines = text.split("\n")  # lark counts lines by \n only
     out = []
     for tok in tokens:
         before = lines[tok.line - 1][: tok.column - 1] if tok.line <= len(lines) else ""

@@ -73,9 +73,20 @@ def test_comments_are_collected():
     ('fn f() { let x = "a\\q" }', 1, 20, "L0104"),
     ("kernel k(foo x: f32) {}", 1, 10, "L0105"),
     ("config x: u64 = 0x1_0000_0000_0000_0000", 1, 17, "L0106"),
+    ('fn f() { let b = b"\u20ac" }', 1, 20, "L0104"),
+    # A line that starts with '(' or '[' must not silently continue the previous line.
+    ("fn f() {\n    x = a\n    (b)\n}", 3, 5, "L0107"),
+    ("fn f() {\n    x = a\n    [1]\n}", 3, 5, "L0107"),
+    ("fn f() {\n    var x: f32\n    [1]\n}", 3, 5, "L0107"),
+    ("fn f() {\n    return\n    log(x)\n}", 3, 5, "L0108"),
 ])
 def test_syntax_errors_are_positioned(src, line, col, code):
     with pytest.raises(LoomSyntaxError) as info:
         parse_module(src, "bad.loom")
     d = info.value.diagnostic
     assert (d.path, d.line, d.column, d.code) == ("bad.loom", line, col, code)
+
+
+def test_continuation_lines_inside_brackets_and_after_operators_are_fine():
+    m = parse_module("fn f() {\n    let x = g(1,\n        2)\n    let y = a\n        + b\n}")
+    assert [type(s).__name__ for s in m.items[0].body.stmts] == ["Let", "Let"]
