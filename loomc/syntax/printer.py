@@ -22,11 +22,10 @@ Style decisions (the formatter is the style guide):
   expression) it becomes an own-line comment before the next element (comments
   inside a simple statement print right after it). Every comment prints once, in order.
 
-Generated ASTs (no `source`, no comments) print without blank lines. Note that the
-grammar makes newlines insignificant, so an AST that no parse can produce (e.g. an
-expression statement starting with `(`, `[` or `-` after an expression, or a bare
-`return` followed by an expression statement) prints to text that re-parses
-differently; every AST that comes from `parse_module` round-trips.
+Generated ASTs (no `source`, no comments) print without blank lines. Every AST that
+comes from `parse_module` round-trips; the parser's same-line rule (a call's `(`, an
+index's `[` and a returned value start on the line where their operand ends) is what
+keeps one-statement-per-line output unambiguous.
 """
 
 from __future__ import annotations
