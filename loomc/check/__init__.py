@@ -43,13 +43,15 @@ def check_program(program: Program, overrides: dict[str, Any] | None = None) -> 
 
 
 def check_files(paths: list[Path]) -> tuple[list[Diagnostic], dict[str, str]]:
-    """Check `.loom` files (and everything they use). Returns diagnostics and the sources read."""
+    """Check `.loom` files (and everything they use). Returns diagnostics and the sources read.
+
+    Stages are paired with commands only in a model document, which says which control
+    program and which sources form one deployment; loose files carry no such pairing."""
     reporter = Reporter()
     program = Program(reporter)
     for path in paths:
         program.load(path)
-    core = check_program(program)
-    match_stages(core, program.modules.values(), program.modules.values(), require_all=False)
+    check_program(program)
     return reporter.sorted(), reporter.sources
 
 

@@ -102,6 +102,8 @@ class ControlChecker:
                 self.expect(got, want, value.span)
         except ControlError:  # reported; still declare the name so later uses do not cascade
             return want or ANY
+        if want is None and got == NULL:
+            return ANY  # `var x = null` is a placeholder for a value assigned later
         return want or got
 
     def stmt_let(self, s: ast.Let) -> None:

@@ -6,6 +6,7 @@ this one object, so a config is evaluated once and a name resolves one way.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from loomc.check import types as T
@@ -128,7 +129,34 @@ class Core:
                 return _fold(e.op, lv, rv, rtype), (T.BOOL if e.op in _CMP else rtype)
             except (ZeroDivisionError, TypeError, ValueError):
                 pass
+        elif isinstance(e, ast.Call):
+            return self.const_call(info, e)
         self.error(info, e.span, "L0404", "expected a constant expression (literals and configs only)")
+        raise ConstError
+
+    def const_call(self, info: ModuleInfo, e: ast.Call) -> tuple[Any, T.CheckType]:
+        """Conversions (`f32(head_dim)`) and float math (`rsqrt(...)`) fold at specialization."""
+        args = [self.const_eval(info, a) for a in e.args]
+        callee = e.callee
+        if isinstance(callee, ast.TypeName) and callee.name in T.NUMERIC_TYPES and len(args) == 1:
+            value, _ = args[0]
+            if isinstance(value, (int, float)):
+                target = T.Scalar(callee.name)
+                if target.is_float:
+                    return float(value), target
+                if target.is_int and not isinstance(value, bool):
+                    return int(value), target
+        elif isinstance(callee, ast.Name) and callee.name in _CONST_MATH and self.lookup(info, callee.name) is None:
+            fn, arity = _CONST_MATH[callee.name]
+            if len(args) == arity and all(T.is_floating(t) for _, t in args):
+                common = next((t for _, t in args if isinstance(t, T.Scalar)), T.UNTYPED_FLOAT)
+                if all(self.assignable(t, common) for _, t in args):
+                    try:
+                        return fn(*(v for v, _ in args)), common
+                    except (ValueError, OverflowError, ZeroDivisionError):
+                        pass
+        self.error(info, e.span, "L0404", "expected a constant expression: literals, configs, conversions "
+                                          "and float math (" + ", ".join(sorted(_CONST_MATH)) + ")")
         raise ConstError
 
     def join_numeric(self, info: ModuleInfo, e: ast.Binary, lt: T.CheckType, rt: T.CheckType) -> T.CheckType:
@@ -136,8 +164,10 @@ class Core:
         if lt == rt:
             return lt
         if isinstance(lt, T.Untyped) and self.assignable(lt, rt):
+            self.literal_fits(info, e.left, rt)
             return rt
         if isinstance(rt, T.Untyped) and self.assignable(rt, lt):
+            self.literal_fits(info, e.right, lt)
             return lt
         if isinstance(lt, T.Untyped) and isinstance(rt, T.Untyped):
             return T.UNTYPED_FLOAT
@@ -145,6 +175,15 @@ class Core:
                    f"operands of '{e.op}' have different types {lt} and {rt}; no implicit casts",
                    notes=("convert one side explicitly, e.g. f32(x)",))
         raise ConstError
+
+    def literal_fits(self, info: ModuleInfo, e: ast.Expr, want: T.CheckType) -> None:
+        """An integer literal that meets a typed integer must fit in it (no silent wrap)."""
+        literal = int_literal(e)
+        if literal is not None and isinstance(want, T.Scalar) and want.is_int:
+            lo, hi = T.INT_RANGES[want.name]
+            if not lo <= literal <= hi:
+                self.error(info, e.span, "L0315", f"integer literal {literal} does not fit in {want}")
+                raise ConstError
 
     # ---- dimensions ---------------------------------------------------------------------
 
@@ -216,6 +255,23 @@ class Core:
 
 
 _CMP = ("==", "!=", "<", "<=", ">", ">=")
+
+_CONST_MATH = {
+    "sqrt": (math.sqrt, 1), "rsqrt": (lambda x: 1.0 / math.sqrt(x), 1), "exp": (math.exp, 1),
+    "log": (math.log, 1), "log2": (math.log2, 1), "exp2": (lambda x: 2.0 ** x, 1), "pow": (math.pow, 2),
+}
+
+
+def int_literal(e: ast.Expr | None) -> int | None:
+    """The value of an integer literal, possibly negated or parenthesised; None for anything else."""
+    if isinstance(e, ast.Paren):
+        return int_literal(e.inner)
+    if isinstance(e, ast.IntLit):
+        return e.value
+    if isinstance(e, ast.Unary) and e.op == "-":
+        inner = int_literal(e.operand)
+        return -inner if inner is not None else None
+    return None
 
 
 def _fold(op: str, a: Any, b: Any, t: T.CheckType) -> Any:

@@ -8,7 +8,7 @@ lowering can emit numba and CUDA from the same form.
 from __future__ import annotations
 
 from loomc.check import types as T
-from loomc.check.core import ConstError, Core
+from loomc.check.core import ConstError, Core, int_literal
 from loomc.check.intrinsics import CONTROL_HOST, KERNEL_MATH
 from loomc.check.program import ModuleInfo
 from loomc.check.scopes import Local, Scopes
@@ -250,7 +250,7 @@ class KernelChecker:
 
     def expect(self, got: T.CheckType, want: T.CheckType, span: ast.Span, value: ast.Expr | None = None) -> T.CheckType:
         if self.core.assignable(got, want):
-            literal = _int_literal(value)
+            literal = int_literal(value)
             if literal is not None and isinstance(want, T.Scalar) and want.is_int:
                 lo, hi = T.INT_RANGES[want.name]
                 if not lo <= literal <= hi:
@@ -460,17 +460,6 @@ class KernelChecker:
             self.error(args[0].span, "L0300", f"{name} takes numbers, got bool")
             raise KernelError
         return T.BOOL if form == "predicate" else T.default_type(common)
-
-
-def _int_literal(e: ast.Expr | None) -> int | None:
-    if isinstance(e, ast.Paren):
-        return _int_literal(e.inner)
-    if isinstance(e, ast.IntLit):
-        return e.value
-    if isinstance(e, ast.Unary) and e.op == "-":
-        inner = _int_literal(e.operand)
-        return -inner if inner is not None else None
-    return None
 
 
 def _describe(e: ast.Expr) -> str:

@@ -156,6 +156,17 @@ CASES = {
             }
         }
         """, [("L0315", 3, 22)]),
+    "literal out of range inside an expression": ("""
+        kernel k(out y: u8[N]) {
+            parallel for n in 0..N {
+                var b: u8 = 1
+                y[n] = b + 1000
+            }
+        }
+        """, [("L0315", 4, 20)]),
+    "unknown function in a constant": ("""
+        config scale: f32 = frob(2.0)
+        """, [("L0404", 1, 21)]),
     "bitcast between different widths": ("""
         kernel k(x: f32[N], out y: u64[N]) {
             parallel for n in 0..N {
@@ -424,3 +435,27 @@ def test_all_errors_of_a_run_are_reported_in_position_order(tmp_path):
         """
     got = run(tmp_path, src)
     assert got == [("L0200", 2, 13), ("L0300", 3, 17), ("L0200", 4, 12), ("L0500", 8, 13 - 4)]
+
+
+def test_constants_fold_conversions_and_float_math(tmp_path):
+    src = """
+        config head_dim: i64 = 64
+        config scale: f32 = rsqrt(f32(head_dim))
+        config half: i64 = i64(f32(head_dim) / 2.0)
+        param w: f32[half] = checkpoint("w")
+        """
+    assert run(tmp_path, src) == []
+
+
+def test_a_null_placeholder_can_be_assigned_later(tmp_path):
+    src = """
+        fn f(r: map) -> any {
+            var seed = null
+            if has(r, "seed") {
+                seed = r["seed"]
+                seed = 3
+            }
+            return seed
+        }
+        """
+    assert run(tmp_path, src) == []
