@@ -108,3 +108,21 @@ def test_fmt_on_a_syntax_error(tmp_path):
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     assert f.read_text() == "config a: i64 = \n"
+
+
+def test_internal_error_is_reported_not_raised(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import loomc.check
+    from loomc.cli import main
+
+    def boom(paths):
+        raise RuntimeError("simulated checker bug")
+
+    monkeypatch.setattr(loomc.check, "check_files", boom)
+    f = tmp_path / "ok.loom"
+    f.write_text("config a: i64 = 1\n")
+    result = CliRunner().invoke(main, ["check", str(f)])
+    assert result.exit_code == 2
+    assert "internal compiler error: RuntimeError: simulated checker bug" in result.output
+    assert "Traceback" not in result.output
