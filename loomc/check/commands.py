@@ -29,6 +29,11 @@ class Callee:
     name: str
     kind: str  # "kernel", "command", "motif"
     args: list[tuple[ast.ArgDecl, T.CheckType | None]]
+    num_inputs: int  # the rest are a called command's results, which it writes
+
+    def writes(self, position: int) -> bool:
+        decl = self.args[position][0]
+        return position >= self.num_inputs or decl.mode in ("out", "inout")
 
 
 _MOTIFS: dict[str, ast.Stage] | None = None
@@ -119,14 +124,28 @@ class CommandChecker:
             except ConstError:
                 raise CommandError
             for sym in sorted(symbols):
-                if self.scopes.get(sym) is None:
-                    self.error(s.type.span, "L0403", f"scratch dimension '{sym}' is not a config or a symbol of this command")
+                local = self.scopes.get(sym)
+                if local is None or local.kind != "symbol":
+                    self.error(s.type.span, "L0403", f"scratch dimension '{sym}' is not a config or a shape "
+                                                     "symbol of this command's signature")
                     raise CommandError
             if t is not None:
                 self.declare(s.name, s.name_span, Local(t, False, "scratch"))
         elif isinstance(s, ast.Let):
-            t = T.default_type(self.scalar(s.value))
-            self.declare(s.name, s.name_span, Local(t, False, "let"))
+            got = self.scalar(s.value)
+            t = T.default_type(got)
+            if s.type is not None:
+                want = T.Scalar(s.type.name) if isinstance(s.type, ast.ScalarTypeRef) else None
+                if want is None or want.name in T.QUANT_TYPES:
+                    self.error(s.type.span, "L0300", "a command `let` holds a numeric scalar")
+                    raise CommandError
+                if not self.core.assignable(got, want):
+                    self.error(s.value.span, "L0301" if isinstance(got, T.Scalar) else "L0300",
+                               f"expected {want}, got {got}")
+                    raise CommandError
+                t = want
+            static = self.is_static(s.value)
+            self.declare(s.name, s.name_span, Local(t, False, "let", value="static" if static else None))
         elif isinstance(s, ast.For):
             self.for_loop(s)
         elif isinstance(s, ast.If):
@@ -142,6 +161,7 @@ class CommandChecker:
         if s.end is None:
             self.error(s.start.span, "L0502", "command loops run over constant ranges `a..b`")
             raise CommandError
+        bounds = []
         for bound in (s.start, s.end):
             local = next((n for n in _names(bound) if self.scopes.get(n) is not None), None)
             if local is not None:
@@ -155,18 +175,31 @@ class CommandChecker:
             if not T.is_integral(t):
                 self.error(bound.span, "L0300", f"loop bounds are integers, got {t}")
                 raise CommandError
+            bounds.append(value)
         self.scopes.push()
-        self.declare(s.var, s.var_span, Local(T.I64, False, "loop"))
+        # The loop variable is a constant in every unrolled copy; remember its range for index checks.
+        self.declare(s.var, s.var_span, Local(T.I64, False, "loop", value=tuple(bounds)))
         self.block(s.body)
         self.scopes.pop()
 
     def const_condition(self, e: ast.Expr) -> None:
-        try:
-            value, t = self.core.const_eval(self.info, e)
-        except ConstError:
+        """A command `if` is decided at specialization: configs, literals and unrolled loop variables only."""
+        runtime = next((n for n in _names(e) if not self.is_static(ast.Name(n))), None)
+        if runtime is not None:
+            self.error(e.span, "L0404", f"a command `if` is decided when the program is specialized; "
+                                        f"'{runtime}' is known only at run time")
             raise CommandError
+        t = self.scalar(e)
         if t != T.BOOL:
             self.error(e.span, "L0308", f"condition must be bool, got {t}")
+
+    def is_static(self, e: ast.Expr) -> bool:
+        """Known at specialization: every name is a config, an unrolled loop variable or a static let."""
+        for name in _names(e):
+            local = self.scopes.get(name)
+            if local is not None and not (local.kind == "loop" or (local.kind == "let" and local.value == "static")):
+                return False
+        return True
 
     # ---- operands ------------------------------------------------------------------
 
@@ -197,14 +230,26 @@ class CommandChecker:
                     return t
             self.error(e.span, "L0300", f"expected a scalar, got {sym.kind} '{e.name}'")
             raise CommandError
-        if isinstance(e, ast.Binary) and e.op in ("+", "-", "*", "/", "%"):
+        if isinstance(e, ast.Binary) and e.op in ("&&", "||"):
+            for side in (e.left, e.right):
+                if self.scalar(side) != T.BOOL:
+                    self.error(side.span, "L0300", f"'{e.op}' takes bool operands")
+                    raise CommandError
+            return T.BOOL
+        if isinstance(e, ast.Binary) and e.op in ("+", "-", "*", "/", "%", "==", "!=", "<", "<=", ">", ">="):
             lt, rt = self.scalar(e.left), self.scalar(e.right)
             try:
-                return self.core.join_numeric(self.info, e, lt, rt)
+                t = self.core.join_numeric(self.info, e, lt, rt)
             except ConstError:
                 raise CommandError
+            return T.BOOL if e.op in ("==", "!=", "<", "<=", ">", ">=") else t
         if isinstance(e, ast.Unary) and e.op == "-":
             return self.scalar(e.operand)
+        if isinstance(e, ast.Unary) and e.op == "!":
+            if self.scalar(e.operand) != T.BOOL:
+                self.error(e.span, "L0314", "'!' takes a bool")
+                raise CommandError
+            return T.BOOL
         if isinstance(e, ast.Call) and isinstance(e.callee, ast.TypeName) and len(e.args) == 1:
             self.scalar(e.args[0])
             return T.Scalar(e.callee.name)
@@ -246,6 +291,7 @@ class CommandChecker:
                     self.error(e.span, "L0306", f"param family '{e.base.name}' takes one index")
                     raise CommandError
                 self.index_value(e.indices[0])
+                self.family_member(sym, e.indices[0])
                 t = param_type(self.core, sym.module, sym.item)
                 if t is None:
                     raise CommandError
@@ -262,6 +308,31 @@ class CommandChecker:
             return self.tensor(e.inner)
         self.error(e.span, "L0300", "expected a tensor operand")
         raise CommandError
+
+    def family_member(self, sym, index: ast.Expr) -> None:
+        """A family `w[l in a..b]` has members a..b-1; a constant or unrolled-loop index must stay inside."""
+        family = sym.item.family
+        try:
+            lo, _ = self.core.const_eval(sym.module, family.start)
+            hi, _ = self.core.const_eval(sym.module, family.end)
+        except ConstError:
+            return
+        local = self.scopes.get(index.name) if isinstance(index, ast.Name) else None
+        if local is not None and local.kind == "loop" and isinstance(local.value, tuple):
+            first, stop = local.value
+        elif local is None and self.is_static(index):
+            try:
+                first, _ = self.core.const_eval(self.info, index)
+            except ConstError:
+                raise CommandError
+            stop = first + 1
+        else:
+            return
+        if first < lo or stop > hi:
+            shown = f"{first}..{stop}" if stop != first + 1 else str(first)
+            self.error(index.span, "L0406", f"index {shown} is outside family '{sym.item.name}', "
+                                            f"whose members are {lo}..{hi}")
+            raise CommandError
 
     def index_value(self, e: ast.Expr) -> None:
         t = self.scalar(e)
@@ -280,7 +351,7 @@ class CommandChecker:
         if sym is None:
             motif = motif_decls().get(name)
             if motif is not None:
-                return Callee(name, "motif", signature(self.core, self.info, motif.args, "motif"))
+                return Callee(name, "motif", signature(self.core, self.info, motif.args, "motif"), len(motif.args))
             if name in CONTROL_HOST:
                 self.error(e.callee.span, "L0502", f"'{name}' is control code; it belongs in a `fn`")
             else:
@@ -288,9 +359,10 @@ class CommandChecker:
             raise CommandError
         item = sym.item
         if isinstance(item, ast.Kernel):
-            return Callee(name, "kernel", signature(self.core, sym.module, item.args, "kernel"))
+            return Callee(name, "kernel", signature(self.core, sym.module, item.args, "kernel"), len(item.args))
         if isinstance(item, ast.Command):
-            return Callee(name, "command", signature(self.core, sym.module, item.args + (item.results or []), "command"))
+            return Callee(name, "command", signature(self.core, sym.module, item.args + (item.results or []), "command"),
+                          len(item.args))
         self.error(e.callee.span, "L0303", f"'{name}' is a {sym.kind}; commands call kernels, commands and motifs")
         raise CommandError
 
@@ -302,12 +374,12 @@ class CommandChecker:
             raise CommandError
         bindings: dict[str, Dim] = {}
         operands: list[tuple[ast.Expr, ast.ArgDecl, T.CheckType | None, T.CheckType]] = []
-        for arg_expr, (decl, want) in zip(e.args, callee.args):
+        for position, (arg_expr, (decl, want)) in enumerate(zip(e.args, callee.args)):
             if want is None:
                 raise CommandError  # the callee's own signature is broken; reported there
             if isinstance(want, T.Tensor):
                 got, writable = self.tensor(arg_expr)
-                if decl.mode in ("out", "inout") and not writable:
+                if callee.writes(position) and not writable:
                     self.error(arg_expr.span, "L0305", f"'{decl.name}' of {callee.name} is written; "
                                                        f"pass a result, scratch or state tensor, not an input or param")
                     raise CommandError

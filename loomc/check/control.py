@@ -349,8 +349,9 @@ class ControlChecker:
         args = [self.expr(a) for a in e.args]
         if isinstance(callee, ast.TypeName):
             if callee.name not in CONTROL_CONVERSIONS:
-                self.error(callee.span, "L0501", f"'{callee.name}' is a kernel type; control code converts with "
-                                                 "int(), float(), str() and bool()")
+                kind = "a control type without a conversion" if callee.name in T.DYN_TYPES else "a kernel type"
+                self.error(callee.span, "L0501", f"'{callee.name}' is {kind}; control code converts with "
+                                                 "int(), float(), str() and bool() (and encode_utf8 for bytes)")
                 raise ControlError
             if len(args) != 1:
                 self.error(e.span, "L0302", f"{callee.name}() takes 1 argument, got {len(args)}")

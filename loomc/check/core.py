@@ -148,6 +148,7 @@ class Core:
                     return int(value), target
         elif isinstance(callee, ast.Name) and callee.name in _CONST_MATH and self.lookup(info, callee.name) is None:
             fn, arity = _CONST_MATH[callee.name]
+            args = [(v, T.UNTYPED_FLOAT if t == T.UNTYPED_INT else t) for v, t in args]
             if len(args) == arity and all(T.is_floating(t) for _, t in args):
                 common = next((t for _, t in args if isinstance(t, T.Scalar)), T.UNTYPED_FLOAT)
                 if all(self.assignable(t, common) for _, t in args):

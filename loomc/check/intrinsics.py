@@ -63,4 +63,6 @@ CONTROL_CONVERSIONS = ("int", "float", "str", "bool")
 # Weight-preparation functions allowed in `param` initialisers.
 PREPARE_FUNCTIONS = ("checkpoint", "transpose", "cast", "concat", "reshape", "quantize")
 
-STATE_SCOPES = {"row": "rows", "page": "pages", "request": "requests"}
+# Host dimension in front of each state scope. The angle brackets keep it apart from any
+# name a program can write, so it never unifies with an unrelated per-call symbol.
+STATE_SCOPES = {"row": "<rows>", "page": "<pages>", "request": "<requests>"}

@@ -54,7 +54,7 @@ def shape_symbols(sig: list[tuple[ast.ArgDecl, T.CheckType | None]]) -> set[str]
     for _, t in sig:
         if isinstance(t, T.Tensor):
             for d in t.dims:
-                names |= {s for s in d.symbols() if not s.startswith("(")}
+                names |= d.symbols()
     return names
 
 
@@ -126,9 +126,13 @@ class KernelChecker:
         (with its annotated type when there is one) so later uses do not cascade into 'unknown name'."""
         try:
             got = self.expr(value)
-            return self.expect(got, want, value.span, value) if want else T.default_type(got)
         except KernelError:
             return want if want is not None else T.F32
+        t = want or T.default_type(got)
+        try:
+            return self.expect(got, t, value.span, value)
+        except KernelError:
+            return t
 
     def stmt_let(self, s: ast.Let, top: bool) -> None:
         want = self.local_type(s.type, s.span)
@@ -174,6 +178,11 @@ class KernelChecker:
         got = self.expr(s.value)
         if s.op != "=":
             self.check_operator(s.op[:-1], want, s.span)
+        if s.op in ("<<=", ">>="):
+            if not T.is_integral(got):  # a shift count is any integer, as in `x = x << n`
+                self.error(s.value.span, "L0314", f"shift counts are integers, got {got}")
+                raise KernelError
+            return
         self.expect(got, want, s.value.span, s.value)
 
     def stmt_exprstmt(self, s: ast.ExprStmt, top: bool) -> None:
@@ -401,6 +410,10 @@ class KernelChecker:
     def expr_call(self, e: ast.Call) -> T.CheckType:
         callee = e.callee
         if isinstance(callee, ast.TypeName):
+            if callee.name in T.QUANT_TYPES:
+                self.error(callee.span, "L0307", f"'{callee.name}' is a block storage type; it has no scalar "
+                                                 "conversion (indexing a tensor of it gives f32)")
+                raise KernelError
             if callee.name not in T.NUMERIC_TYPES:
                 self.error(callee.span, "L0500", f"'{callee.name}' is a control type; kernels convert to numeric types")
                 raise KernelError
@@ -453,6 +466,8 @@ class KernelChecker:
                 continue
             self.error(a.span, "L0301", f"{name} operands have different types {common} and {t}; no implicit casts")
             raise KernelError
+        if form in ("float", "predicate") and common == T.UNTYPED_INT:
+            common = T.UNTYPED_FLOAT  # `exp(1)`: an integer literal takes the float type it meets
         if form in ("float", "predicate") and not T.is_floating(common):
             self.error(args[0].span, "L0300", f"{name} takes a float, got {common}")
             raise KernelError

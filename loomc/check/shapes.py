@@ -41,9 +41,6 @@ class Dim:
             return self.terms[0][0][0]
         return None
 
-    def symbols(self) -> set[str]:
-        return {s for m, _ in self.terms for s in m}
-
     def __add__(self, other: "Dim") -> "Dim":
         acc = dict(self.terms)
         for m, c in other.terms:
@@ -69,20 +66,37 @@ class Dim:
         k = other.constant
         if k and all(c % k == 0 for _, c in self.terms):
             return Dim(tuple((m, c // k) for m, c in self.terms))
-        return Dim.symbol(f"({self} / {other})")
+        return _opaque("/", self, other)
 
     def modulo(self, other: "Dim") -> "Dim":
         a, b = self.constant, other.constant
         if a is not None and b:
             return Dim.const(a % b)
-        return Dim.symbol(f"({self} % {other})")
+        return _opaque("%", self, other)
+
+    def symbols(self) -> set[str]:
+        """Every symbol this dimension depends on, looking inside opaque atoms."""
+        out: set[str] = set()
+        for m, _ in self.terms:
+            for s in m:
+                if s in _OPAQUE:
+                    _, a, b = _OPAQUE[s]
+                    out |= a.symbols() | b.symbols()
+                else:
+                    out.add(s)
+        return out
 
     def substitute(self, bindings: dict[str, "Dim"]) -> "Dim":
         out = Dim.const(0)
         for m, c in self.terms:
             term = Dim.const(c)
             for s in m:
-                term = term * bindings.get(s, Dim.symbol(s))
+                if s in _OPAQUE:
+                    op, a, b = _OPAQUE[s]
+                    a, b = a.substitute(bindings), b.substitute(bindings)
+                    term = term * (a.divide(b) if op == "/" else a.modulo(b))
+                else:
+                    term = term * bindings.get(s, Dim.symbol(s))
             out = out + term
         return out
 
@@ -101,3 +115,14 @@ class Dim:
             else:
                 parts.append(f"{c}*{body}")
         return " + ".join(parts).replace("+ -", "- ")
+
+
+# Opaque atoms (a symbolic division or remainder) are symbols whose name is their text;
+# this table keeps their structure so substitution can evaluate them once operands are known.
+_OPAQUE: dict[str, tuple[str, Dim, Dim]] = {}
+
+
+def _opaque(op: str, a: Dim, b: Dim) -> Dim:
+    name = f"({a} {op} {b})"
+    _OPAQUE.setdefault(name, (op, a, b))
+    return Dim.symbol(name)
