@@ -37,6 +37,7 @@ def parser() -> Lark:
         propagate_positions=True,
         maybe_placeholders=True,
         lexer_callbacks={"COMMENT": _collect_comment},
+        cache=True,  # LALR tables on disk, keyed by grammar and options: CLI start-up in ms, not 0.3 s
     )
 
 
