@@ -121,3 +121,9 @@ def fmt(paths: tuple[str, ...], check_only: bool) -> None:
     for path in changed:
         click.echo(f"{'would reformat' if check_only else 'reformatted'} {path}", err=True)
     sys.exit(1 if diagnostics or (check_only and changed) else 0)
+
+
+# ---- back-end commands, each defined in the module that owns it -----------------------------
+# anchor: bytecode (build, dis)
+# anchor: control vm (test)
+# anchor: lowering (emit)

@@ -7,6 +7,7 @@ All errors of a run are returned, sorted by position.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from loomc.check.control import ControlChecker
 from loomc.check.core import Core
 from loomc.check.decls import check_config, check_param, check_stage, check_state, compare_signatures
 from loomc.check.kernels import KernelChecker
-from loomc.check.program import Program, Reporter
+from loomc.check.program import ModuleInfo, Program, Reporter
 from loomc.syntax import ast
 from loomc.syntax.diagnostics import Diagnostic
 
@@ -42,8 +43,31 @@ def check_program(program: Program, overrides: dict[str, Any] | None = None) -> 
     return core
 
 
-def check_files(paths: list[Path]) -> tuple[list[Diagnostic], dict[str, str]]:
-    """Check `.loom` files (and everything they use). Returns diagnostics and the sources read.
+@dataclass
+class CheckedProgram:
+    """What the back ends start from: the loaded modules, folded configs, and the verdict.
+
+    `roles` names the modules a model document assigned (`control`, `prepare`, `sources`);
+    it is empty for loose files. Lower only when `ok`."""
+
+    program: Program
+    core: Core | None
+    diagnostics: list[Diagnostic]
+    sources: dict[str, str]
+    roles: dict[str, list[ModuleInfo]] = field(default_factory=dict)
+    document: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.core is not None and not self.diagnostics
+
+    @property
+    def modules(self) -> list[ModuleInfo]:
+        return list(self.program.modules.values())
+
+
+def load_files(paths: list[Path]) -> CheckedProgram:
+    """Load and check `.loom` files (and everything they use).
 
     Stages are paired with commands only in a model document, which says which control
     program and which sources form one deployment; loose files carry no such pairing."""
@@ -51,8 +75,14 @@ def check_files(paths: list[Path]) -> tuple[list[Diagnostic], dict[str, str]]:
     program = Program(reporter)
     for path in paths:
         program.load(path)
-    check_program(program)
-    return reporter.sorted(), reporter.sources
+    core = check_program(program)
+    return CheckedProgram(program, core, reporter.sorted(), reporter.sources)
+
+
+def check_files(paths: list[Path]) -> tuple[list[Diagnostic], dict[str, str]]:
+    """Diagnostics and sources read, for `loomc check` on loose files."""
+    checked = load_files(paths)
+    return checked.diagnostics, checked.sources
 
 
 def match_stages(core: Core, stage_modules, command_modules, require_all: bool) -> None:
@@ -74,4 +104,4 @@ def match_stages(core: Core, stage_modules, command_modules, require_all: bool) 
                            notes=("each stage needs a `command` of the same name in one of the document's sources",))
 
 
-__all__ = ["check_files", "check_program", "match_stages"]
+__all__ = ["CheckedProgram", "check_files", "check_program", "load_files", "match_stages"]

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from loomc.check import check_program, match_stages
+from loomc.check import CheckedProgram, check_program, match_stages
 from loomc.check import types as T
 from loomc.check.program import Program, Reporter, display_path
 from loomc.syntax import ast
@@ -39,13 +39,25 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def check_document(path: Path) -> tuple[list[Diagnostic], dict[str, str]]:
+    """Diagnostics and sources read, for `loomc check` on a model document."""
+    checked = load_document(path)
+    return checked.diagnostics, checked.sources
+
+
+def load_document(path: Path) -> CheckedProgram:
+    """Load and check the code a model document names, with its config overrides folded in."""
     reporter = Reporter()
+    program = Program(reporter)
+
+    def failed() -> CheckedProgram:
+        return CheckedProgram(program, None, reporter.sorted(), reporter.sources)
+
     shown = display_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reporter.add(Diagnostic(shown, 1, 1, "L0702", f"cannot read model document: {exc}"))
-        return reporter.sorted(), reporter.sources
+        return failed()
     reporter.sources[shown] = text
 
     def doc_error(key: str, code: str, message: str, after: int = 0) -> None:
@@ -56,15 +68,14 @@ def check_document(path: Path) -> tuple[list[Diagnostic], dict[str, str]]:
         doc = json.loads(text, object_pairs_hook=_reject_duplicates)
     except json.JSONDecodeError as exc:
         reporter.add(Diagnostic(shown, exc.lineno, exc.colno, "L0702", f"invalid JSON: {exc.msg}"))
-        return reporter.sorted(), reporter.sources
+        return failed()
     except ValueError as exc:
         reporter.add(Diagnostic(shown, 1, 1, "L0702", f"invalid model document: {exc}"))
-        return reporter.sorted(), reporter.sources
+        return failed()
     if not isinstance(doc, dict):
         reporter.add(Diagnostic(shown, 1, 1, "L0702", "a model document is a JSON object"))
-        return reporter.sorted(), reporter.sources
+        return failed()
 
-    program = Program(reporter)
     base = path.resolve().parent
 
     def load(key: str, value: Any, after: int = 0) -> list:
@@ -84,15 +95,14 @@ def check_document(path: Path) -> tuple[list[Diagnostic], dict[str, str]]:
         return loaded
 
     control = load("control", doc["control"]) if "control" in doc else []
-    if "prepare" in doc:
-        load("prepare", doc["prepare"])
+    prepare = load("prepare", doc["prepare"]) if "prepare" in doc else []
     sources = load("sources", doc["sources"]) if "sources" in doc else []
     components = doc.get("components", {})
     for name, comp in (components.items() if isinstance(components, dict) else ()):
         if isinstance(comp, dict):
             offset = _offset(text, _position(text, name))
             if "prepare" in comp:
-                load("prepare", comp["prepare"], offset)
+                prepare += load("prepare", comp["prepare"], offset)
             if "sources" in comp:
                 sources += load("sources", comp["sources"], offset)
 
@@ -109,7 +119,8 @@ def check_document(path: Path) -> tuple[list[Diagnostic], dict[str, str]]:
                                                           "declarations belong to the control program",
                            notes=("variants replace sources, never stage declarations",))
     match_stages(core, control, sources, require_all=True)
-    return reporter.sorted(), reporter.sources
+    roles = {"control": control, "prepare": prepare, "sources": sources}
+    return CheckedProgram(program, core, reporter.sorted(), reporter.sources, roles, doc)
 
 
 def _offset(text: str, pos: tuple[int, int]) -> int:
