@@ -46,7 +46,7 @@ def collect_targets(paths: tuple[str, ...]) -> tuple[list[Path], list[Path], lis
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            files += sorted(p.rglob("*.loom"))
+            files += sorted(f for f in p.rglob("*.loom*") if f.suffix in (".loom", ".loombc"))
             documents += sorted(d for name in MODEL_DOCUMENT_NAMES for d in p.rglob(name))
         elif p.suffix == ".json":
             documents.append(p)
@@ -103,6 +103,7 @@ def fmt(paths: tuple[str, ...], check_only: bool) -> None:
     from loomc.syntax.printer import format_source
 
     files, _, diagnostics = collect_targets(paths)
+    files = [f for f in files if f.suffix != ".loombc"]  # binary twins have no layout to format
     sources: dict[str, str] = {}
     changed: list[Path] = []
     for path in files:
@@ -124,6 +125,11 @@ def fmt(paths: tuple[str, ...], check_only: bool) -> None:
 
 
 # ---- back-end commands, each defined in the module that owns it -----------------------------
-# anchor: bytecode (build, dis)
-# anchor: control vm (test)
+from loomc.bytecode.cli import build, dis  # noqa: E402 - commands register after the group exists
+
+main.add_command(build)
+main.add_command(dis)
+from loomc.runchecks import test  # noqa: E402 - the control VM's command lives with it
+
+main.add_command(test)
 # anchor: lowering (emit)

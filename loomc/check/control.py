@@ -61,7 +61,8 @@ class ControlChecker:
                     self.error(arg.span, "L0201", f"argument '{arg.name}' is already declared")
             self.ret = self.dyn_type(item.ret) if item.ret is not None else None
         self.block(item.body)
-        if isinstance(item, ast.Fn) and self.ret not in (None, NULL, ANY) and not _always_returns(item.body):
+        host_fail = self.core.lookup(self.info, "fail") is None  # a module fn may hide the host's fail
+        if isinstance(item, ast.Fn) and self.ret not in (None, NULL, ANY) and not _always_returns(item.body, host_fail):
             end = item.body.span
             self.error(ast.Span(end.end_line, max(end.end_column - 1, 1), end.end_line, end.end_column), "L0312",
                        f"fn '{item.name}' can reach its end without returning a {self.ret}")
@@ -396,16 +397,16 @@ class ControlChecker:
         return result
 
 
-def _always_returns(b: ast.Block) -> bool:
+def _always_returns(b: ast.Block, host_fail: bool = True) -> bool:
     for s in b.stmts:
         if isinstance(s, ast.Return):
             return True
-        if isinstance(s, ast.ExprStmt) and isinstance(s.expr, ast.Call) and isinstance(s.expr.callee, ast.Name) \
-                and s.expr.callee.name == "fail":
+        if host_fail and isinstance(s, ast.ExprStmt) and isinstance(s.expr, ast.Call) \
+                and isinstance(s.expr.callee, ast.Name) and s.expr.callee.name == "fail":
             return True
-        if isinstance(s, ast.If) and s.orelse is not None and _always_returns(s.then):
+        if isinstance(s, ast.If) and s.orelse is not None and _always_returns(s.then, host_fail):
             other = s.orelse if isinstance(s.orelse, ast.Block) else ast.Block([s.orelse])
-            if _always_returns(other):
+            if _always_returns(other, host_fail):
                 return True
         if isinstance(s, ast.While) and isinstance(s.cond, ast.BoolLit) and s.cond.value and not _has_break(s.body):
             return True

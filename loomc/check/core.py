@@ -7,6 +7,7 @@ this one object, so a config is evaluated once and a name resolves one way.
 from __future__ import annotations
 
 import math
+import struct
 from typing import Any
 
 from loomc.check import types as T
@@ -77,8 +78,10 @@ class Core:
 
     @staticmethod
     def coerce(value: Any, want: T.CheckType | None) -> Any:
-        if isinstance(want, T.Scalar) and want.is_float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
+        """A folded value as its declared type holds it: float configs are rounded to their width,
+        so control code and kernels see the same f32 (or f16) value."""
+        if isinstance(want, T.Scalar) and want.is_float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return round_float(float(value), want.name)
         return value
 
     @staticmethod
@@ -127,7 +130,13 @@ class Core:
             rtype = self.join_numeric(info, e, lt, rt)
             try:
                 return _fold(e.op, lv, rv, rtype), (T.BOOL if e.op in _CMP else rtype)
-            except (ZeroDivisionError, TypeError, ValueError):
+            except ZeroDivisionError:
+                self.error(info, e.span, "L0404", f"constant '{e.op}' divides by zero")
+                raise ConstError
+            except ValueError as exc:
+                self.error(info, e.span, "L0404", f"constant '{e.op}': {exc}")
+                raise ConstError
+            except TypeError:
                 pass
         elif isinstance(e, ast.Call):
             return self.const_call(info, e)
@@ -263,6 +272,22 @@ _CONST_MATH = {
 }
 
 
+def round_float(value: float, dtype: str) -> float:
+    """Round a Python float to f16/bf16/f32 precision (f64 is exact)."""
+    if dtype == "f32":
+        return struct.unpack("<f", struct.pack("<f", value))[0] if math.isfinite(value) and abs(value) < 3.4e38 else value
+    if dtype == "f16":
+        try:
+            return struct.unpack("<e", struct.pack("<e", value))[0]
+        except OverflowError:
+            return math.copysign(math.inf, value)
+    if dtype == "bf16":
+        bits = struct.unpack("<I", struct.pack("<f", round_float(value, "f32")))[0]
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest even
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    return value
+
+
 def int_literal(e: ast.Expr | None) -> int | None:
     """The value of an integer literal, possibly negated or parenthesised; None for anything else."""
     if isinstance(e, ast.Paren):
@@ -289,10 +314,14 @@ def _fold(op: str, a: Any, b: Any, t: T.CheckType) -> Any:
             return q if (a >= 0) == (b >= 0) else -q
         return a / b
     if op == "%":
-        return a % b if not integral else a - b * _fold("/", a, b, t)
-    if op in ("&", "|", "^", "<<", ">>") and integral:
-        return {"&": a & b, "|": a | b, "^": a ^ b, "<<": a << b if op == "<<" else 0,
-                ">>": a >> b if op == ">>" else 0}[op]
+        # Both kinds take the sign of the dividend (C's `%` and `fmod`), as the kernels compute it.
+        return a - b * _fold("/", a, b, t) if integral else math.fmod(a, b)
+    if op in ("<<", ">>") and integral:
+        if not 0 <= b < 64:
+            raise ValueError(f"shift count {b} is outside 0..63")
+        return a << b if op == "<<" else a >> b
+    if op in ("&", "|", "^") and integral:
+        return {"&": a & b, "|": a | b, "^": a ^ b}[op]
     if op in ("&&", "||") and isinstance(a, bool):
         return (a and b) if op == "&&" else (a or b)
     if op in _CMP:

@@ -10,9 +10,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loomc.bytecode import SUFFIX as BYTECODE_SUFFIX
+from loomc.bytecode import LoomBytecodeError, read_bytecode_file, read_module
 from loomc.syntax import ast
 from loomc.syntax.diagnostics import Diagnostic, LoomSyntaxError
 from loomc.syntax.parse import parse_module
+from loomc.syntax.printer import format_module
 
 STD_PREFIX = "std:"
 MOTIFS_DIR = Path(__file__).resolve().parents[1] / "motifs"
@@ -82,16 +85,8 @@ class Program:
         if key in self.modules:
             return self.modules[key]
         shown = display_path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            self.reporter.add(Diagnostic(shown, 1, 1, "L0203", f"cannot read file: {exc.strerror or exc}"))
-            return None
-        self.reporter.sources[shown] = text
-        try:
-            module = parse_module(text, shown)
-        except LoomSyntaxError as exc:
-            self.reporter.add(exc.diagnostic)
+        module = self._read_bytecode(path, shown) if path.suffix == BYTECODE_SUFFIX else self._parse(path, shown)
+        if module is None:
             return None
         info = ModuleInfo(shown, key, module)
         self.modules[key] = info
@@ -100,6 +95,33 @@ class Program:
             if isinstance(item, ast.Use):
                 self._import(info, path.resolve(), item)
         return info
+
+    def _parse(self, path: Path, shown: str) -> ast.Module | None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            self.reporter.add(Diagnostic(shown, 1, 1, "L0203", f"cannot read file: {exc.strerror or exc}"))
+            return None
+        self.reporter.sources[shown] = text
+        try:
+            return parse_module(text, shown)
+        except LoomSyntaxError as exc:
+            self.reporter.add(exc.diagnostic)
+            return None
+
+    def _read_bytecode(self, path: Path, shown: str) -> ast.Module | None:
+        """A `.loombc` twin. Its spans are positions in its `dis` text, which is kept as the
+        source so diagnostics show those lines; a corrupt file is one L0800 at 1:1."""
+        try:
+            module = read_module(read_bytecode_file(path), shown)
+        except OSError as exc:
+            self.reporter.add(Diagnostic(shown, 1, 1, "L0203", f"cannot read file: {exc.strerror or exc}"))
+            return None
+        except LoomBytecodeError as exc:
+            self.reporter.add(Diagnostic(shown, 1, 1, "L0800", str(exc)))
+            return None
+        self.reporter.sources[shown] = format_module(module)
+        return module
 
     def _declare(self, info: ModuleInfo) -> None:
         for item in info.module.items:

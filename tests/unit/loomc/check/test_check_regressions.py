@@ -164,3 +164,25 @@ def test_conversion_messages_name_the_right_kind_of_type(tmp_path):
     assert [(d.code, d.line) for d in diagnostics] == [("L0501", 2), ("L0307", 6)]
     assert "without a conversion" in diagnostics[0].message
     assert "block storage type" in diagnostics[1].message
+
+
+def test_constant_shifts_are_bounded(tmp_path):
+    src = """
+        config a: i64 = 1 << 100000000000
+        config b: i64 = 1 >> -1
+        config c: i64 = 1 << 62
+        """
+    assert run(tmp_path, src) == [("L0404", 1, 17), ("L0404", 2, 17)]
+
+
+def test_float_remainder_and_config_precision_match_the_kernels():
+    import math
+
+    from loomc.check import types as T
+    from loomc.check.core import Core, _fold
+
+    assert _fold("%", -7.5, 2.0, T.F32) == math.fmod(-7.5, 2.0) == -1.5
+    assert _fold("%", -7, 2, T.I64) == -1
+    assert Core.coerce(0.1, T.F32) == 0.10000000149011612
+    assert Core.coerce(0.1, T.Scalar("f64")) == 0.1
+    assert Core.coerce(1e-5, T.Scalar("f16")) == 1.0013580322265625e-05

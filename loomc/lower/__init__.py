@@ -1,0 +1,1 @@
+"""Lowerings of a checked program: numba and CUDA kernels, command programs, control-VM code."""

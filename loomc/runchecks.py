@@ -1,0 +1,114 @@
+"""`loomc test`: run the `check` blocks of `.loom` files and model documents on the control VM.
+
+A check passes when it runs to its end; it fails at its first false `expect`, at a
+run-time error, or at a `fail(...)`, and the reason starts with `path:line:col`. The
+checks run are those of the files named (directly or through a folder) and, for a model
+document, of its control, prepare and source files, with the document's config overrides
+applied; files reached only through `use` are not tested. Documents run first, so a
+check reached both ways runs once, as deployed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:  # imported when a command runs, so `loomc --help` stays fast
+    from loomc.check import CheckedProgram
+    from loomc.syntax.diagnostics import Diagnostic
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str  # path::check
+    ok: bool
+    reason: str = ""
+
+
+def run_checks(checked: CheckedProgram, paths: set[str], budget: int | None = None,
+               done: set[str] | None = None) -> list[CheckResult]:
+    """Run the checks of the modules whose display path is in `paths`, skipping names in `done`
+    (and adding the ones run to it). `checked` must be ok."""
+    from loomc.lower.vm import compile_program
+    from loomrt.errors import PolicyFailure, VmError
+    from loomrt.vm import Vm
+
+    done = set() if done is None else done
+    program = compile_program(checked)
+    vm = Vm(program)
+    results = []
+    for check in program.checks:
+        if check.path not in paths or check.qualname in done:
+            continue
+        done.add(check.qualname)
+        try:
+            vm.run_check(check, budget)
+        except PolicyFailure as exc:
+            reason = f"{exc.path}:{exc.line}:{exc.column}: fail({exc.status}, {exc.message!r})"
+            results.append(CheckResult(check.qualname, False, reason))
+        except VmError as exc:
+            via = f" (called from {', '.join(exc.trace[1:])})" if len(exc.trace) > 1 else ""
+            results.append(CheckResult(check.qualname, False, exc.message + via))
+        else:
+            results.append(CheckResult(check.qualname, True))
+    return results
+
+
+def run_targets(files: list[Path], documents: list[Path], budget: int | None = None
+                ) -> tuple[list[CheckResult], list[Diagnostic], dict[str, str]]:
+    """Check and run every target; returns the results and the diagnostics of targets that did not check."""
+    from loomc.check import load_files
+    from loomc.check.document import load_document
+    from loomc.check.program import display_path
+
+    results: list[CheckResult] = []
+    diagnostics: list[Diagnostic] = []
+    sources: dict[str, str] = {}
+    done: set[str] = set()
+    runs: list[tuple[CheckedProgram, set[str]]] = []
+    for doc in documents:
+        checked = load_document(doc)
+        runs.append((checked, {info.path for infos in checked.roles.values() for info in infos}))
+    if files:
+        runs.append((load_files(files), {display_path(p) for p in files}))
+    for checked, paths in runs:
+        sources.update(checked.sources)
+        if not checked.ok:
+            diagnostics += checked.diagnostics
+            continue
+        results += run_checks(checked, paths, budget, done)
+    return results, diagnostics, sources
+
+
+@click.command("test")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Instructions each check may run (default 1000000).")
+def test(paths: tuple[str, ...], budget: int | None) -> None:
+    """Run the check blocks of .loom files, folders and model documents."""
+    from loomc.cli import _internal_errors
+
+    _internal_errors(_test)(paths, budget)
+
+
+def _test(paths: tuple[str, ...], budget: int | None) -> None:
+    from loomc.cli import collect_targets, report
+
+    files, documents, diagnostics = collect_targets(paths)
+    results, found, sources = run_targets(files, documents, budget)
+    diagnostics += found
+    unique = sorted({(d.path, d.line, d.column, d.code, d.message): d for d in diagnostics}.values(),
+                    key=lambda d: d.sort_key)
+    report(unique, sources, as_json=False)
+    for r in results:
+        click.echo(f"ok {r.name}" if r.ok else f"FAIL {r.name}: {r.reason}")
+    failed = sum(not r.ok for r in results)
+    click.echo(f"{len(results) - failed} passed, {failed} failed")
+    sys.exit(1 if failed or unique else 0)
+
+
+__all__ = ["CheckResult", "run_checks", "run_targets", "test"]

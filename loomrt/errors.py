@@ -1,0 +1,129 @@
+"""The one error hierarchy of the runtime: every failure `loomrt` reports is a `LoomError`.
+
+Each class fixes an HTTP `status`, an OpenAI-style `type` and a stable `code`;
+instances carry the `message` (written for the client) and, where one field is to
+blame, its `param`. `loomd` maps these to `{"error": {message, type, param, code}}`
+in one place, and anything that is not a `LoomError` becomes a 500 there.
+
+    LoomError                       500 internal_error
+    ├── InvalidRequest              400 invalid_request_error
+    ├── NotFound                    404 invalid_request_error
+    ├── Conflict                    409 invalid_request_error
+    ├── PolicyFailure               4xx/5xx chosen by control code with fail(status, message)
+    └── VmError                     500: control code went wrong; the message starts with path:line:col
+        ├── VmRuntimeError              a dynamic type error, a missing key, a bad index, ...
+        ├── VmBudgetExceeded            instruction budget or call depth used up
+        │   └── VmMemoryExceeded        a value or the call's allocations grew past their budget
+        └── VmExpectFailed              an `expect` in a check block was false (loomc test only)
+
+Control-code faults are 500s, not 400s: the policy is part of the deployed package, so
+a policy that indexes null or loops forever is the package's fault, never the client's.
+A policy that wants to reject a request says so with `fail(400, ...)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def type_for_status(status: int) -> str:
+    """The OpenAI-style error type of a status class: 4xx are the client's, 5xx the server's."""
+    return "invalid_request_error" if 400 <= status < 500 else "internal_error"
+
+
+class LoomError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        """The HTTP error body; `loomd` renders exactly this."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(LoomError):
+    status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class NotFound(LoomError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class Conflict(LoomError):
+    status, type, code = 409, "invalid_request_error", "conflict"
+
+
+class PolicyFailure(LoomError):
+    """Control code rejected the request: `fail(status, message)`.
+
+    The status is the policy's choice, limited to 400..599 (a policy cannot answer 200 by
+    failing); the type follows its class. `path`/`line`/`column` say which `fail` it was,
+    for logs only: the message is the policy's own and goes to the client unchanged."""
+
+    status, type, code = 400, "invalid_request_error", "policy_failure"
+
+    def __init__(self, status: int, message: str, *, param: str | None = None):
+        if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+            raise ValueError(f"a policy failure status is an integer in 400..599, got {status!r}")
+        super().__init__(message, param=param)
+        self.status = status
+        self.type = type_for_status(status)
+        self.path: str | None = None
+        self.line = 0
+        self.column = 0
+
+
+class VmError(LoomError):
+    """Control code failed at run time. `locate` prefixes the source position once.
+
+    Host functions raise these without a position; the interpreter adds the position of
+    the instruction that called them. `trace` lists the active calls, innermost first,
+    as "path:line:col in fn NAME" (for logs; the message names only the innermost)."""
+
+    status, type, code = 500, "internal_error", "control_error"
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message, param=param)
+        self.path: str | None = None
+        self.line = 0
+        self.column = 0
+        self.trace: list[str] = []
+
+    def locate(self, path: str, line: int, column: int) -> "VmError":
+        if self.path is None:
+            self.path, self.line, self.column = path, line, column
+            self.message = f"{path}:{line}:{column}: {self.message}"
+            self.args = (self.message,)
+        return self
+
+
+class VmRuntimeError(VmError):
+    code = "control_runtime_error"
+
+
+class VmBudgetExceeded(VmError):
+    """A runaway policy (endless loop, runaway recursion): a fault of the package, so 500."""
+
+    code = "control_budget_exceeded"
+
+
+class VmMemoryExceeded(VmBudgetExceeded):
+    code = "control_memory_exceeded"
+
+
+class VmExpectFailed(VmError):
+    code = "control_expect_failed"
+
+
+__all__ = [
+    "Conflict", "InvalidRequest", "LoomError", "NotFound", "PolicyFailure", "VmBudgetExceeded", "VmError",
+    "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
+]
