@@ -1,4 +1,4 @@
-"""`loomc` command line: check and fmt (build, dis, emit and test arrive with the back ends).
+"""`loomc` command line: check, fmt, build, dis, test and emit; each back end registers its own command.
 
 Every failure is a positioned diagnostic and exit status 1; an internal error
 prints "internal compiler error" and exits 2. No Python traceback reaches the user.
@@ -107,7 +107,11 @@ def fmt(paths: tuple[str, ...], check_only: bool) -> None:
     sources: dict[str, str] = {}
     changed: list[Path] = []
     for path in files:
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            diagnostics.append(Diagnostic(str(path), 1, 1, "L0203", f"cannot read file: {exc}"))
+            continue
         try:
             formatted = format_source(text, str(path))
         except LoomSyntaxError as exc:

@@ -15,6 +15,16 @@ from loomc.syntax import ast
 from loomc.syntax.diagnostics import Diagnostic
 
 ARG_MODES = ("out", "inout")
+# Deepest nesting of expressions and blocks: every later pass (checker, printer, lowering)
+# recurses over the tree, so the limit is what keeps them all inside Python's stack.
+MAX_NESTING = 200
+
+
+class TooDeep(Exception):
+    """Raised out of the builder (never out of `parse_module`) at the first node past MAX_NESTING."""
+
+    def __init__(self, span: ast.Span):
+        self.span = span
 _ESCAPE = re.compile(r"\\(u\{([0-9a-fA-F]{1,6})\}|x([0-9a-fA-F]{2})|.)")
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
 
@@ -33,6 +43,7 @@ class AstBuilder:
         self.path = path
         self.lines = text.split("\n")
         self.diagnostics: list[Diagnostic] = []
+        self.depth = 0
 
     def error(self, span: ast.Span, code: str, message: str) -> None:
         self.diagnostics.append(
@@ -150,7 +161,13 @@ class AstBuilder:
     # ---- statements --------------------------------------------------------------------
 
     def block(self, t: Tree) -> ast.Block:
-        return ast.Block([self.stmt(c) for c in t.children], span_of(t))
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise TooDeep(span_of(t))
+            return ast.Block([self.stmt(c) for c in t.children], span_of(t))
+        finally:
+            self.depth -= 1
 
     def stmt(self, t: Tree) -> ast.Stmt:
         return getattr(self, "stmt_" + t.data)(t)
@@ -215,7 +232,13 @@ class AstBuilder:
     # ---- expressions ----------------------------------------------------------------------
 
     def expr(self, t: Tree) -> ast.Expr:
-        return getattr(self, "expr_" + t.data)(t)
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise TooDeep(span_of(t))
+            return getattr(self, "expr_" + t.data)(t)
+        finally:
+            self.depth -= 1
 
     def expr_binary(self, t: Tree) -> ast.Binary:
         left, op, right = t.children
@@ -244,7 +267,12 @@ class AstBuilder:
     def expr_int_lit(self, t: Tree) -> ast.IntLit:
         tok = t.children[0]
         text = str(tok)
-        value = int(text.replace("_", ""), 0) if text[:2] in ("0x", "0b") else int(text.replace("_", ""))
+        base = {"0x": 16, "0b": 2}.get(text[:2], 10)
+        digits = text.replace("_", "")[2 if base != 10 else 0:].lstrip("0") or "0"
+        if len(digits) > 70:  # longer than any 64-bit value in any base (and int() refuses past 4300 digits)
+            self.error(span_of(tok), "L0106", f"integer literal {text[:24]}... does not fit in 64 bits")
+            return ast.IntLit(0, text, span_of(t))
+        value = int(digits, base)
         if value >= 2**64:
             self.error(span_of(tok), "L0106", f"integer literal {text} does not fit in 64 bits")
         return ast.IntLit(value, text, span_of(t))

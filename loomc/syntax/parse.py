@@ -14,7 +14,7 @@ from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from loomc.syntax import ast
-from loomc.syntax.build import AstBuilder
+from loomc.syntax.build import MAX_NESTING, AstBuilder, TooDeep
 from loomc.syntax.diagnostics import Diagnostic, LoomSyntaxError
 
 GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "loom.lark"
@@ -71,7 +71,12 @@ def parse_module(text: str, path: str = "<input>") -> ast.Module:
             raise LoomSyntaxError(_diagnostic_for(exc, text, path)) from None
         tokens = list(_comment_sink)
     builder = AstBuilder(path, text)
-    items = builder.module(tree)
+    try:
+        items = builder.module(tree)
+    except TooDeep as exc:
+        raise LoomSyntaxError(Diagnostic(path, exc.span.line, exc.span.column, "L0109",
+                                         f"nesting deeper than {MAX_NESTING} levels of expressions and blocks",
+                                         notes=("split the expression with `let`",))) from None
     if builder.diagnostics:
         raise LoomSyntaxError(min(builder.diagnostics, key=lambda d: d.sort_key))
     return ast.Module(path, items, _comments(tokens, text), text)

@@ -74,6 +74,8 @@ def test_comments_are_collected():
     ("kernel k(foo x: f32) {}", 1, 10, "L0105"),
     ("config x: u64 = 0x1_0000_0000_0000_0000", 1, 17, "L0106"),
     ('fn f() { let b = b"\u20ac" }', 1, 20, "L0104"),
+    ("config x: i64 = " + "9" * 5000, 1, 17, "L0106"),
+    ("config x: i64 = " + " + ".join(["1"] * 3000), 1, 17, "L0109"),
     # A line that starts with '(' or '[' must not silently continue the previous line.
     ("fn f() {\n    x = a\n    (b)\n}", 3, 5, "L0107"),
     ("fn f() {\n    x = a\n    [1]\n}", 3, 5, "L0107"),
@@ -90,3 +92,8 @@ def test_syntax_errors_are_positioned(src, line, col, code):
 def test_continuation_lines_inside_brackets_and_after_operators_are_fine():
     m = parse_module("fn f() {\n    let x = g(1,\n        2)\n    let y = a\n        + b\n}")
     assert [type(s).__name__ for s in m.items[0].body.stmts] == ["Let", "Let"]
+
+
+def test_leading_zeros_do_not_count_against_the_literal_limit():
+    m = parse_module("config x: i64 = " + "0" * 5000 + "7")
+    assert m.items[0].value.value == 7
