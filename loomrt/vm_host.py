@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from loomc import strict_json
 from loomc.check.intrinsics import CONTROL_CONVERSIONS, CONTROL_HOST
 from loomrt.errors import PolicyFailure, VmBudgetExceeded, VmMemoryExceeded, VmRuntimeError
 
@@ -143,46 +144,8 @@ def _deep_equal(a: Any, b: Any, depth: int, steps: list[int]) -> bool:
     return all(k in b and _deep_equal(v, b[k], depth + 1, steps) for k, v in a.items())
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _parse_float(text: str) -> float:
-    v = float(text)
-    if math.isinf(v):
-        raise ValueError(f"{text} is out of range")
-    return v
-
-
-def _parse_int(text: str) -> int:
-    v = int(text)
-    if not -INT_LIMIT < v < INT_LIMIT:
-        raise ValueError(f"{text[:20]}... is out of range")
-    return v
-
-
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 _FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
-
-
-def _has_lone_surrogate(v: Any) -> bool:
-    if type(v) is str:
-        return any("\ud800" <= c <= "\udfff" for c in v)
-    if type(v) is list:
-        return any(_has_lone_surrogate(x) for x in v)
-    if type(v) is dict:
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(x) for k, x in v.items())
-    return False
 
 
 class HostFunctions:
@@ -474,13 +437,9 @@ class HostFunctions:
         surrogates and trailing text are all invalid. Null rather than an error because the
         text is usually the client's or the model's, and control code has no try/catch."""
         try:
-            value = json.loads(s, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant,
-                               parse_float=_parse_float, parse_int=_parse_int)
-        except (ValueError, RecursionError):
+            return strict_json.loads(s, int_limit=INT_LIMIT)
+        except strict_json.StrictJsonError:
             return None
-        if _SURROGATE_ESCAPE.search(s) and _has_lone_surrogate(value):
-            return None
-        return value
 
     # ---- tokenizers -------------------------------------------------------------------
 

@@ -7,11 +7,11 @@ document. Relative code paths resolve against the document's directory.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from loomc import strict_json
 from loomc.check import CheckedProgram, check_program, match_stages
 from loomc.check import types as T
 from loomc.check.program import Program, Reporter, display_path
@@ -27,15 +27,6 @@ def _position(text: str, key: str, after: int = 0) -> tuple[int, int]:
     offset = m.start() if m else 0
     line = text.count("\n", 0, offset) + 1
     return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
-
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate field '{k}'")
-        out[k] = v
-    return out
 
 
 def check_document(path: Path) -> tuple[list[Diagnostic], dict[str, str]]:
@@ -65,12 +56,12 @@ def load_document(path: Path) -> CheckedProgram:
         reporter.add(Diagnostic(shown, line, col, code, message))
 
     try:
-        doc = json.loads(text, object_pairs_hook=_reject_duplicates)
-    except json.JSONDecodeError as exc:
-        reporter.add(Diagnostic(shown, exc.lineno, exc.colno, "L0702", f"invalid JSON: {exc.msg}"))
-        return failed()
-    except ValueError as exc:
-        reporter.add(Diagnostic(shown, 1, 1, "L0702", f"invalid model document: {exc}"))
+        doc = strict_json.loads(text)
+    except strict_json.StrictJsonError as exc:
+        if exc.lineno is not None:
+            reporter.add(Diagnostic(shown, exc.lineno, exc.colno, "L0702", f"invalid JSON: {exc}"))
+        else:
+            reporter.add(Diagnostic(shown, 1, 1, "L0702", f"invalid model document: {exc}"))
         return failed()
     if not isinstance(doc, dict):
         reporter.add(Diagnostic(shown, 1, 1, "L0702", "a model document is a JSON object"))

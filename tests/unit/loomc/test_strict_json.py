@@ -1,0 +1,38 @@
+"""loomc.strict_json: the one strict decoder (documents, control code, request bodies)."""
+
+import pytest
+
+from loomc.strict_json import StrictJsonError, loads
+
+
+def test_plain_json_decodes():
+    assert loads('{"a": [1, 2.5, "x", null, true]}') == {"a": [1, 2.5, "x", None, True]}
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('{"a": 1, "a": 2}', "duplicate key 'a'"),
+    ("[NaN]", "NaN is not JSON"),
+    ("[Infinity]", "Infinity is not JSON"),
+    ("[1e999]", "out of range"),
+    ('["\\ud800"]', "lone UTF-16 surrogate"),
+    ('{"a": }', "Expecting value"),
+])
+def test_rejections(text, fragment):
+    with pytest.raises(StrictJsonError, match=fragment):
+        loads(text)
+
+
+def test_syntax_errors_keep_their_position():
+    with pytest.raises(StrictJsonError) as info:
+        loads('{\n  "a": }')
+    assert (info.value.lineno, info.value.colno) == (2, 8)
+
+
+def test_integer_limit_is_optional():
+    assert loads("[18446744073709551616]") == [2**64]
+    with pytest.raises(StrictJsonError, match="out of range"):
+        loads("[18446744073709551616]", int_limit=2**64)
+
+
+def test_a_paired_surrogate_is_fine():
+    assert loads('["\\ud83d\\ude00"]') == ["\U0001F600"]
