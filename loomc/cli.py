@@ -136,4 +136,6 @@ main.add_command(dis)
 from loomc.runchecks import test  # noqa: E402 - the control VM's command lives with it
 
 main.add_command(test)
-# anchor: lowering (emit)
+from loomc.lower.emit import emit  # noqa: E402 - the lowering's command lives with it
+
+main.add_command(emit)

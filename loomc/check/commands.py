@@ -47,6 +47,17 @@ def motif_decls() -> dict[str, ast.Stage]:
     return _MOTIFS
 
 
+def motif_module() -> ModuleInfo:
+    """The scope intrinsic motif signatures are resolved in: nothing but their own symbols."""
+    global _MOTIF_MODULE
+    if _MOTIF_MODULE is None:
+        _MOTIF_MODULE = ModuleInfo("<motifs>", "<motifs>", parse_module(COMMAND_MOTIFS_SOURCE, "<motifs>"))
+    return _MOTIF_MODULE
+
+
+_MOTIF_MODULE: ModuleInfo | None = None
+
+
 def param_type(core: Core, info: ModuleInfo, p: ast.Param) -> T.Tensor | None:
     if not isinstance(p.type, ast.TensorTypeRef):
         return None
@@ -351,7 +362,8 @@ class CommandChecker:
         if sym is None:
             motif = motif_decls().get(name)
             if motif is not None:
-                return Callee(name, "motif", signature(self.core, self.info, motif.args, "motif"), len(motif.args))
+                # Resolved in the motifs' own empty scope: a caller's config named M, K or N must not capture them.
+                return Callee(name, "motif", signature(self.core, motif_module(), motif.args, "motif"), len(motif.args))
             if name in CONTROL_HOST:
                 self.error(e.callee.span, "L0502", f"'{name}' is control code; it belongs in a `fn`")
             else:

@@ -353,7 +353,7 @@ class KernelChecker:
                 if not T.is_integral(t):
                     self.error(side.span, "L0314", f"shift operands are integers, got {t}")
                     raise KernelError
-            return lt if not isinstance(lt, T.Untyped) else T.default_type(rt) if isinstance(rt, T.Untyped) else lt
+            return lt  # a shift has its left operand's type; `1 << 2` stays an untyped constant
         try:
             t = self.core.join_numeric(self.info, e, lt, rt)
         except ConstError:

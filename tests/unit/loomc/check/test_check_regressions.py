@@ -186,3 +186,24 @@ def test_float_remainder_and_config_precision_match_the_kernels():
     assert Core.coerce(0.1, T.F32) == 0.10000000149011612
     assert Core.coerce(0.1, T.Scalar("f64")) == 0.1
     assert Core.coerce(1e-5, T.Scalar("f16")) == 1.0013580322265625e-05
+
+
+def test_shift_of_literals_stays_untyped(tmp_path):
+    src = """
+        kernel k(x: u8[N], out y: u8[N]) {
+            parallel for i in 0..N {
+                y[i] = x[i] + (1 << 2)
+            }
+        }
+        """
+    assert run(tmp_path, src) == []
+
+
+def test_caller_configs_do_not_capture_motif_symbols(tmp_path):
+    src = """
+        config K: i64 = 3
+        command go(a: f32[T, 8], b: f32[4, 8]) -> (c: f32[T, 4]) {
+            matmul(a, b, c)
+        }
+        """
+    assert run(tmp_path, src) == []

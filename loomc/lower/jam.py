@@ -1,0 +1,232 @@
+"""IR pass: block 4 lanes of a quantized dot product and jam their reductions.
+
+A matmul over quantized weights runs one lane per (token t, output n), and each lane
+dequantizes row n of the weights. With T tokens every weight element is decoded T times.
+When the lane body is a plain dot product
+
+    parallel for t in 0..T, n in 0..N { var acc = 0; for k in 0..K { acc += x[t, k] * w[n, k] }; y[t, n] = acc }
+
+and `t` never reaches a quantized read, this pass makes each lane handle 4 consecutive t:
+
+    parallel for tb in 0..ceil(T / 4), n in 0..N {
+        if tb * 4 + 3 < T {            // a full block: one k loop, four accumulators
+            var acc_0 = 0 ... var acc_3 = 0
+            for k in 0..K { acc_j += x[t_j, k] * w[n, k]  (j = 0..3) }
+            y[t_j, n] = acc_j
+        } else {                       // the ragged end (and T < 4): the original body
+            for j in 0..min(4, T - tb * 4) { <original body with t = tb * 4 + j> }
+        }
+    }
+
+so the four uses of `w[n, k]` are one expression that a target computes once. Each
+token's sum is the same sequence of adds as before (the pass changes what runs together,
+not any result), and `lanes.split_group` then splits the jammed loop's accumulators.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from loomc.ir import module as ir
+from loomc.lower.lanes import _declared_names, reduction, refs, rewrite
+from loomc.lower.scalars import add, mul
+
+BLOCK = 4
+_QUANT = (ir.QuantScale, ir.QuantMin, ir.QuantCode)
+
+
+def jam_group(group: ir.KernelGroup) -> ir.KernelGroup:
+    return dataclasses.replace(group, parts=tuple(jam_kernel(k) for k in group.parts))
+
+
+def jam_kernel(kernel: ir.Kernel) -> ir.Kernel:
+    body = list(kernel.body)
+    loop = body[-1]
+    if not isinstance(loop, ir.ParallelFor) or len(loop.lanes) < 2:
+        return kernel
+    choice = _blockable_lane(loop)
+    if choice is None:
+        return kernel
+    try:
+        body[-1] = _Jammer(_declared_names(kernel)).block_lane(loop, choice)
+    except _NotJammable:
+        return kernel
+    return dataclasses.replace(kernel, body=tuple(body))
+
+
+def _quant_refs(body) -> tuple[bool, set[str]]:
+    """Whether the statements read quantized blocks, and every name those reads depend on."""
+    found: list[ir.Expr] = []
+
+    def visit(e):
+        if isinstance(e, _QUANT):
+            found.append(e)
+        return None
+
+    for s in _all_stmts(body):
+        for e in _exprs(s):
+            rewrite(e, visit)
+    names: set[str] = set()
+    for e in found:
+        names |= refs(e)
+    return bool(found), names
+
+
+def _all_stmts(body):
+    for s in body:
+        yield s
+        for inner in ("body", "then", "orelse"):
+            yield from _all_stmts(getattr(s, inner, ()))
+
+
+def _exprs(s) -> list[ir.Expr]:
+    if isinstance(s, (ir.Declare, ir.Assign)):
+        return [s.value]
+    if isinstance(s, ir.Store):
+        return [s.index, s.value]
+    if isinstance(s, ir.For):
+        return [s.start, s.end]
+    return []
+
+
+def _shape_ok(body) -> bool:
+    """Top level: declarations, reduction loops (see lanes.reduction) and stores only."""
+    for s in body:
+        if isinstance(s, ir.For):
+            if reduction(s) is None:
+                return False
+        elif not isinstance(s, (ir.Declare, ir.Store, ir.Assign)):
+            return False
+    return any(isinstance(s, ir.For) for s in body)
+
+
+def _blockable_lane(loop: ir.ParallelFor) -> int | None:
+    if not _shape_ok(loop.body):
+        return None
+    reads_quant, quant_names = _quant_refs(loop.body)
+    if not reads_quant:
+        return None
+    # names derived from each lane variable (through declarations) must stay out of quantized reads
+    for index, lane in enumerate(loop.lanes[:-1]):
+        tainted = {lane.var}
+        for s in _all_stmts(loop.body):
+            if isinstance(s, ir.Declare) and refs(s.value) & tainted:
+                tainted.add(s.name)
+        if lane.dtype == "i64" and not (tainted & quant_names):
+            return index
+    return None
+
+
+class _Jammer:
+    def __init__(self, names: set[str]):
+        self.names = names
+
+    def fresh(self, base: str) -> str:
+        candidate, n = base, 0
+        while candidate in self.names:
+            n += 1
+            candidate = f"{base}_{n}"
+        self.names.add(candidate)
+        return candidate
+
+    def block_lane(self, loop: ir.ParallelFor, index: int) -> ir.ParallelFor:
+        lane = loop.lanes[index]
+        i64 = lambda v: ir.Const("i64", v)
+        ref = lambda name: ir.Ref(name, "i64")
+        block = self.fresh(f"{lane.var}_block")
+        base = self.fresh(f"{lane.var}_first")
+        end = lane.end
+        extent = end if lane.start == i64(0) else ir.Binary("sub", end, lane.start, "i64")
+        blocks = ir.Binary("div", add(extent, i64(BLOCK - 1)), i64(BLOCK), "i64")
+        lanes = list(loop.lanes)
+        lanes[index] = ir.Lane(block, "i64", i64(0), blocks)
+        first = ir.Declare(base, "i64", add(lane.start, mul(ref(block), i64(BLOCK))))
+        full = ir.Binary("lt", ir.Binary("add", ref(base), i64(BLOCK - 1), "i64"), end, "bool")
+        # the ragged end: the original body once per remaining value of the lane variable, in
+        # a loop whose trip count is only known at run time (so a target keeps one copy of it)
+        j = self.fresh(f"{lane.var}_j")
+        one = ir.Declare(lane.var, "i64", ir.Binary("add", ref(base), ref(j), "i64"))
+        remaining = ir.Math("min", (i64(BLOCK), ir.Binary("sub", end, ref(base), "i64")), "i64")
+        ragged = ir.For(j, "i64", i64(0), remaining, (one,) + loop.body)
+        jammed = self.jam(loop.body, lane.var, ref(base))
+        return ir.ParallelFor(tuple(lanes), (first, ir.If(full, jammed, (ragged,))))
+
+    def jam(self, body: tuple, var: str, base: ir.Expr) -> tuple:
+        """BLOCK copies of `body` for var = base + c, sharing what does not depend on var.
+        Every name the jammed statements declare is fresh: the ragged branch keeps the originals."""
+        copies = [{var: add(base, ir.Const("i64", c))} for c in range(BLOCK)]
+        return tuple(self.stmts(body, copies, {var}))
+
+    @staticmethod
+    def subst(e: ir.Expr, mapping: dict) -> ir.Expr:
+        def visit(x):
+            if isinstance(x, ir.Ref) and x.name in mapping:
+                target = mapping[x.name]
+                return target if isinstance(target, ir.EXPR_KINDS) else ir.Ref(target, x.dtype)
+            return None
+
+        return rewrite(e, visit)
+
+    def stmts(self, body, copies: list[dict], varying: set[str]) -> list:
+        out: list = []
+        for s in body:
+            if isinstance(s, ir.For):
+                if (refs(s.start) | refs(s.end)) & varying:
+                    raise _NotJammable
+                var = self.fresh(s.var)
+                for mapping in copies:
+                    mapping[s.var] = var
+                inner = self.stmts(s.body, copies, varying)
+                out.append(dataclasses.replace(s, var=var, start=self.subst(s.start, copies[0]),
+                                               end=self.subst(s.end, copies[0]), body=tuple(inner)))
+                continue
+            reads = set().union(*(refs(e) for e in _exprs(s)))
+            per_copy = bool(reads & varying) or isinstance(s, (ir.Assign, ir.Store)) or \
+                (isinstance(s, ir.Declare) and s.mutable)
+            if not per_copy:  # a shared declaration: computed once for the block
+                name = self.fresh(s.name)
+                out.append(ir.Declare(name, s.dtype, self.subst(s.value, copies[0]), s.mutable))
+                for mapping in copies:
+                    mapping[s.name] = name
+                continue
+            if isinstance(s, ir.Assign):  # decode a shared weight element once, not once per copy
+                value, shared = self.hoist(s.value, varying, copies[0])
+                out += shared
+                s = ir.Assign(s.name, value)
+            if isinstance(s, ir.Declare):
+                varying.add(s.name)
+            for c, mapping in enumerate(copies):
+                if isinstance(s, ir.Declare):
+                    name = self.fresh(f"{s.name}_{c}")
+                    out.append(ir.Declare(name, s.dtype, self.subst(s.value, mapping), s.mutable))
+                    mapping[s.name] = name
+                elif isinstance(s, ir.Assign):
+                    out.append(ir.Assign(mapping[s.name], self.subst(s.value, mapping)))
+                else:
+                    out.append(ir.Store(s.buf, self.subst(s.index, mapping), self.subst(s.value, mapping)))
+        return out
+
+
+    def hoist(self, e: ir.Expr, varying: set[str], mapping: dict) -> tuple[ir.Expr, list]:
+        """Replace the largest subexpressions that read quantized blocks but not `varying`
+        names by shared `let`s."""
+        shared: list = []
+
+        def visit(x):
+            if isinstance(x, (ir.Const, ir.Ref)) or refs(x) & varying or not _reads_quant(x):
+                return None
+            name = self.fresh("w_elem")
+            shared.append(ir.Declare(name, x.dtype, self.subst(x, mapping)))
+            return ir.Ref(name, x.dtype)
+
+        return rewrite(e, visit), shared
+
+
+def _reads_quant(e: ir.Expr) -> bool:
+    if isinstance(e, _QUANT):
+        return True
+    return any(_reads_quant(c) for c in ir.children(e))
+
+
+class _NotJammable(Exception):
+    """A loop bound depends on the blocked lane: the copies cannot share one loop."""

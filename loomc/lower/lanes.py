@@ -1,0 +1,233 @@
+"""IR pass: split float sum reductions into 32 fixed lanes so that targets can vectorize them.
+
+A sequential loop whose body only binds `let`s and adds to float accumulators
+
+    for k in 0..E { let a = f(k); acc += g(k, a) }
+
+is a chain of dependent adds: strict IEEE order (no fastmath) forbids a compiler from
+reassociating it, so it runs at one add per add-latency. This pass rewrites it as
+
+    var part: f32[32]                          // zeroed
+    for k0 in 0..E step 32 {
+        for h in 0, 1 {                        // unrolled here, in the IR
+            let n = min(16, E - (k0 + 16 h))   // a runtime trip count: not unrolled away
+            for l in 0..n { let k = k0 + 16 h + l; part[16 h + l] += g(k, f(k)) }
+        }
+    }
+    for w in 16, 8, 4, 2, 1 { for z in 0..w { part[z] += part[z + w] } }
+    acc += part[0]
+
+so each lane sums elements z, z + 32, z + 64, ... in order, and the 32 lanes are then
+added as a fixed pairwise tree (5 dependent adds instead of 32). The result is
+deterministic (it depends only on E and the data, never on threads or on which other
+rows share a batch) but rounds differently from the plain sequential sum: this is the
+one reassociation Loom's back ends make, and only here.
+
+Each 16-lane loop reads 16 consecutive elements, and because k0 is a multiple of 32, a
+quantized element `k` of such a loop sits in block `k0 >> 5`, half `h`, lane `l`: the
+pass rewrites the lowering's `k >> 5`, `(k >> 4) & 1` and `k & 15` to exactly those, so
+block scales become loop-invariant and code bytes are read contiguously.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from loomc.ir import module as ir
+
+CHUNK = 32  # elements per outer step: one quantized block
+HALF = 16  # lanes per inner loop
+
+
+def split_group(group: ir.KernelGroup) -> ir.KernelGroup:
+    return dataclasses.replace(group, parts=tuple(split_kernel(k) for k in group.parts))
+
+
+def split_kernel(kernel: ir.Kernel) -> ir.Kernel:
+    names = _declared_names(kernel)
+    return dataclasses.replace(kernel, body=_Splitter(names).block(kernel.body))
+
+
+def _i64(v: int) -> ir.Const:
+    return ir.Const("i64", v)
+
+
+def rewrite(e: ir.Expr, fn) -> ir.Expr:
+    """Top-down rewrite: `fn(node)` returns a replacement or None to recurse into operands."""
+    replaced = fn(e)
+    if replaced is not None:
+        return replaced
+    if isinstance(e, (ir.Const, ir.Ref)):
+        return e
+    if isinstance(e, (ir.Unary, ir.Cast, ir.Bitcast)):
+        return dataclasses.replace(e, x=rewrite(e.x, fn))
+    if isinstance(e, ir.Binary):
+        return dataclasses.replace(e, a=rewrite(e.a, fn), b=rewrite(e.b, fn))
+    if isinstance(e, ir.Select):
+        return dataclasses.replace(e, cond=rewrite(e.cond, fn), a=rewrite(e.a, fn), b=rewrite(e.b, fn))
+    if isinstance(e, ir.Math):
+        return dataclasses.replace(e, args=tuple(rewrite(a, fn) for a in e.args))
+    if isinstance(e, ir.Load):
+        return dataclasses.replace(e, index=rewrite(e.index, fn))
+    if isinstance(e, (ir.QuantScale, ir.QuantMin)):
+        return dataclasses.replace(e, block=rewrite(e.block, fn))
+    if isinstance(e, ir.QuantCode):
+        return dataclasses.replace(e, block=rewrite(e.block, fn), sub=rewrite(e.sub, fn), lane=rewrite(e.lane, fn))
+    raise TypeError(f"not an IR expression: {e!r}")
+
+
+def refs(e: ir.Expr) -> set[str]:
+    found: set[str] = set()
+
+    def visit(x: ir.Expr):
+        if isinstance(x, ir.Ref):
+            found.add(x.name)
+        return None
+
+    rewrite(e, visit)
+    return found
+
+
+def _declared_names(kernel: ir.Kernel) -> set[str]:
+    names = {p.name for p in kernel.params} | {s.name for s in kernel.symbols}
+
+    def walk(body):
+        for s in body:
+            if isinstance(s, (ir.Declare, ir.LocalArray)):
+                names.add(s.name)
+            elif isinstance(s, ir.For):
+                names.add(s.var)
+                walk(s.body)
+            elif isinstance(s, ir.While):
+                walk(s.body)
+            elif isinstance(s, ir.If):
+                walk(s.then)
+                walk(s.orelse)
+            elif isinstance(s, ir.ParallelFor):
+                names.update(l.var for l in s.lanes)
+                walk(s.body)
+
+    walk(kernel.body)
+    return names
+
+
+class _Splitter:
+    def __init__(self, names: set[str]):
+        self.names = names
+
+    def fresh(self, base: str) -> str:
+        candidate, n = base, 0
+        while candidate in self.names:
+            n += 1
+            candidate = f"{base}_{n}"
+        self.names.add(candidate)
+        return candidate
+
+    def block(self, body: tuple) -> tuple:
+        out: list = []
+        for s in body:
+            if isinstance(s, ir.For):
+                accumulators = reduction(s)
+                if accumulators:
+                    out += self.split(s, accumulators)
+                else:
+                    out.append(dataclasses.replace(s, body=self.block(s.body)))
+            elif isinstance(s, ir.While):
+                out.append(dataclasses.replace(s, body=self.block(s.body)))
+            elif isinstance(s, ir.If):
+                out.append(dataclasses.replace(s, then=self.block(s.then), orelse=self.block(s.orelse)))
+            elif isinstance(s, ir.ParallelFor):
+                out.append(dataclasses.replace(s, body=self.block(s.body)))
+            else:
+                out.append(s)
+        return tuple(out)
+
+    def split(self, loop: ir.For, accumulators: dict[str, str]) -> list:
+        k = loop.var
+        end = self.fresh(f"{k}_end")
+        k0 = self.fresh(f"{k}0")
+        parts = {acc: self.fresh(f"{acc}_lanes") for acc in accumulators}
+        out: list = [ir.Declare(end, "i64", loop.end)]
+        out += [ir.LocalArray(parts[acc], dtype, CHUNK) for acc, dtype in accumulators.items()]
+        chunk_body: list = []
+        for h in range(CHUNK // HALF):
+            base = self.fresh(f"{k}_base")
+            count = self.fresh(f"{k}_count")
+            lane = self.fresh(f"{k}_lane")
+            first = ir.Ref(k0, "i64") if h == 0 else ir.Binary("add", ir.Ref(k0, "i64"), _i64(HALF * h), "i64")
+            chunk_body.append(ir.Declare(base, "i64", first))
+            chunk_body.append(ir.Declare(count, "i64", ir.Math("min", (_i64(HALF), ir.Binary(
+                "sub", ir.Ref(end, "i64"), ir.Ref(base, "i64"), "i64")), "i64")))
+            renames = {k: self.fresh(k)}
+            inner: list = [ir.Declare(renames[k], "i64", ir.Binary("add", ir.Ref(base, "i64"), ir.Ref(lane, "i64"), "i64"))]
+            for s in loop.body:
+                if isinstance(s, ir.Declare):
+                    renames[s.name] = self.fresh(s.name)
+            slot = ir.Ref(lane, "i64") if h == 0 else ir.Binary("add", _i64(HALF * h), ir.Ref(lane, "i64"), "i64")
+
+            def local(e: ir.Expr, h=h, lane=lane, renames=renames) -> ir.Expr:
+                e = rewrite(e, lambda x: _quant_index(x, k, k0, h, lane))
+                return rewrite(e, lambda x: ir.Ref(renames[x.name], x.dtype)
+                               if isinstance(x, ir.Ref) and x.name in renames else None)
+
+            for s in loop.body:
+                if isinstance(s, ir.Declare):
+                    inner.append(ir.Declare(renames[s.name], s.dtype, local(s.value)))
+                else:
+                    dtype = accumulators[s.name]
+                    current = ir.Load(parts[s.name], slot, dtype)
+                    inner.append(ir.Store(parts[s.name], slot, ir.Binary("add", current, local(s.value.b), dtype)))
+            chunk_body.append(ir.For(lane, "i64", _i64(0), ir.Ref(count, "i64"), tuple(inner)))
+        out.append(ir.For(k0, "i64", _i64(0), ir.Ref(end, "i64"), tuple(chunk_body), step=CHUNK))
+        for acc, dtype in accumulators.items():  # a pairwise tree: 5 dependent adds, not 32
+            width = CHUNK // 2
+            while width:
+                z = self.fresh(f"{acc}_z")
+                here = ir.Load(parts[acc], ir.Ref(z, "i64"), dtype)
+                there = ir.Load(parts[acc], ir.Binary("add", ir.Ref(z, "i64"), _i64(width), "i64"), dtype)
+                out.append(ir.For(z, "i64", _i64(0), _i64(width), (
+                    ir.Store(parts[acc], ir.Ref(z, "i64"), ir.Binary("add", here, there, dtype)),)))
+                width //= 2
+            out.append(ir.Assign(acc, ir.Binary("add", ir.Ref(acc, dtype), ir.Load(parts[acc], _i64(0), dtype), dtype)))
+        return out
+
+
+def _quant_index(e: ir.Expr, k: str, k0: str, h: int, lane: str) -> ir.Expr | None:
+    """The lowering's block/sub/lane split of `k` when k = k0 + 16 h + lane, k0 % 32 == 0, lane < 16."""
+    kref = ir.Ref(k, "i64")
+    if e == ir.Binary("shr", kref, _i64(5), "i64"):
+        return ir.Binary("shr", ir.Ref(k0, "i64"), _i64(5), "i64")
+    if e == ir.Binary("and", ir.Binary("shr", kref, _i64(4), "i64"), _i64(1), "i64"):
+        return _i64(h)
+    if e == ir.Binary("and", kref, _i64(15), "i64"):
+        return ir.Ref(lane, "i64")
+    return None
+
+
+def reduction(loop: ir.For) -> dict[str, str] | None:
+    """The float accumulators of a splittable loop (name -> dtype), or None.
+
+    Splittable: `for k: i64 in 0..E` with step 1 whose body is only immutable `Declare`s
+    and one `acc = acc + x` per float accumulator `acc` declared outside the loop, where
+    nothing in the body (and nothing in E) reads an accumulator except those heads."""
+    if loop.dtype != "i64" or loop.step != 1 or loop.start != _i64(0) or not loop.body:
+        return None
+    accumulators: dict[str, str] = {}
+    declared: set[str] = set()
+    for s in loop.body:
+        if isinstance(s, ir.Declare) and not s.mutable:
+            declared.add(s.name)
+        elif (isinstance(s, ir.Assign) and isinstance(s.value, ir.Binary) and s.value.op == "add"
+              and s.value.a == ir.Ref(s.name, s.value.dtype) and ir.is_float(s.value.dtype)
+              and s.name not in declared and s.name not in accumulators):
+            accumulators[s.name] = s.value.dtype
+        else:
+            return None
+    if not accumulators:
+        return None
+    reads = refs(loop.end)
+    for s in loop.body:
+        reads |= refs(s.value if isinstance(s, ir.Declare) else s.value.b)
+    if reads & set(accumulators):
+        return None
+    return accumulators

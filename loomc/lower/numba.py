@@ -1,0 +1,454 @@
+"""IR -> Python source for numba (`cpu` target), written to a content-addressed file and imported.
+
+One generated module per `.loom` kernel (`render_module`), headed by comments naming the
+source file and line. `load_group` writes it to
+`<cache_dir>/kernels/k_<sha256(text + LOOMC_VERSION + numba version)[:16]>.py` (temp file
++ `os.replace`), imports it with importlib and returns one numba dispatcher per part.
+Each function is `@njit(parallel=True, cache=True, fastmath=False, error_model="numpy")`:
+numba's disk cache sits in `__pycache__` beside the file, so a restart (or the next test
+in a session) does not recompile. `error_model="numpy"` makes integer and float division
+by zero produce a value instead of raising, so no lane body contains a raise and the
+parallel loop stays a prange.
+
+The renderer is a table keyed by IR node kind (`_Renderer.expr_*`/`stmt_*`), like
+tinygrad's renderers. What is numba-specific lives only here:
+
+- numba widens integer ops on narrow types (i32 + i32 is i64) and reads untyped literals
+  as i64/f64, so every literal is wrapped in its numpy type and every narrow integer
+  result is converted back (`np.int32(a + b)`), which is also how wrapping is made exact;
+- buffer indices are cast to uint64, which skips numba's negative-index wraparound
+  (measured 3x on dot products: the select blocks vectorization);
+- f16/bf16 have no numba CPU type: values live in f32 (exactly representable), every op
+  rounds back through the bits, and buffers of them are uint16 arrays;
+- local arrays are stack buffers (`_lm_alloca`) zeroed on declaration, not heap arrays;
+- quantized blocks are read from the uint8 GGUF bytes: the f16 scale by a branch-free
+  bit conversion (`_lm_half_at`), codes by a byte load, shift and mask. Nothing is
+  precomputed at weight preparation (a per-block f32 scale table measured at most ~10%
+  faster and would cost 8 bytes per 32 weights: +40% on q4_1).
+
+The helpers (`_lm_*`) live in `numba_helpers.py` and are copied into each module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from loomc import LOOMC_VERSION
+from loomc.ir import module as ir
+from loomc.ir.interpret import to_dtype
+from loomc.lower.numba_helpers import IMPORTS, helpers_for
+from loomc.lower.scalars import add, mul
+
+LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the body has no loop
+STACK_ARRAY_BYTES = 65536  # larger local arrays go to the heap
+
+NP_TYPE = {"bool": "np.bool_", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32", "i64": "np.int64",
+           "u8": "np.uint8", "u16": "np.uint16", "u32": "np.uint32", "u64": "np.uint64",
+           "f16": "np.float32", "bf16": "np.float32", "f32": "np.float32", "f64": "np.float64"}
+# How each dtype is stored in a numpy buffer handed to a kernel (f16/bf16 as their bits).
+STORAGE = {"bool": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+           "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
+           "f16": np.uint16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64,
+           "q4_0": np.uint8, "q4_1": np.uint8, "q8_0": np.uint8}
+_STORAGE_TEXT = {"f16": "np.uint16", "bf16": "np.uint16"}
+_HALF = ("f16", "bf16")
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|", "xor": "^", "shl": "<<",
+          "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_MATH = {"exp": "math.exp({0})", "exp2": "np.exp2({0})", "log": "math.log({0})", "log2": "math.log2({0})",
+         "sqrt": "math.sqrt({0})", "tanh": "math.tanh({0})", "erf": "math.erf({0})", "sin": "math.sin({0})",
+         "cos": "math.cos({0})", "floor": "np.floor({0})", "ceil": "np.ceil({0})", "pow": "math.pow({0}, {1})",
+         "fma": "_lm_fma({0}, {1}, {2})", "rsqrt": "({one} / math.sqrt({0}))",
+         "sigmoid": "({one} / ({one} + math.exp(-{0})))", "isnan": "math.isnan({0})", "isinf": "math.isinf({0})",
+         "min": "_lm_min({0}, {1})", "max": "_lm_max({0}, {1})"}
+
+
+def var(name: str) -> str:
+    """User names get a prefix so that no `.loom` name can meet a Python keyword or a helper."""
+    return "v_" + name
+
+
+def function_name(kernel: ir.Kernel) -> str:
+    return "k_" + kernel.name
+
+
+# ---- the renderer: one method per IR node kind -------------------------------------------------------
+
+def _wrap(text: str, dtype: str) -> str:
+    """Convert numba's widened integer result back to `dtype` (the conversion wraps)."""
+    return text if dtype in ("i64", "u64", "bool") or ir.is_float(dtype) else f"{NP_TYPE[dtype]}({text})"
+
+
+def _round(text: str, dtype: str) -> str:
+    return f"_lm_round_{dtype}({text})" if dtype in _HALF else text
+
+
+def const(dtype: str, value) -> str:
+    if dtype == "bool":
+        return "True" if value else "False"
+    if ir.is_int(dtype):
+        if dtype == "i64" and value == -(2 ** 63):
+            return "np.int64(-9223372036854775807 - 1)"
+        return f"{NP_TYPE[dtype]}({int(value)})"
+    if dtype in _HALF:
+        value = float(to_dtype(value, dtype))
+    v = float(np.float32(value)) if dtype != "f64" else float(value)
+    if v != v:
+        text = "np.nan"
+    elif v in (float("inf"), float("-inf")):
+        text = "np.inf" if v > 0 else "-np.inf"
+    else:
+        text = repr(v)
+    return f"{NP_TYPE[dtype]}({text})"
+
+
+def _has_loop(body: tuple) -> bool:
+    for s in body:
+        if isinstance(s, (ir.For, ir.While)):
+            return True
+        if isinstance(s, ir.If) and (_has_loop(s.then) or _has_loop(s.orelse)):
+            return True
+    return False
+
+
+class _Renderer:
+    """Renders one IR kernel. `expr_*`/`stmt_*` methods are the table keyed by node kind."""
+
+    def __init__(self, kernel: ir.Kernel):
+        self.kernel = kernel
+        self.quant = {p.name: p.dtype for p in kernel.params
+                      if isinstance(p, ir.BufferParam) and p.dtype in ir.QUANT_DTYPES}
+        self.lines: list[str] = []
+        self.temps = 0
+
+    def add(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def temp(self, base: str) -> str:
+        self.temps += 1
+        return f"_{base}{self.temps}"
+
+    # ---- expressions ------------------------------------------------------------------------
+
+    def expr(self, e: ir.Expr) -> str:
+        return getattr(self, "expr_" + type(e).__name__.lower())(e)
+
+    def expr_const(self, e: ir.Const) -> str:
+        return const(e.dtype, e.value)
+
+    def expr_ref(self, e: ir.Ref) -> str:
+        return var(e.name)
+
+    def expr_unary(self, e: ir.Unary) -> str:
+        x = self.expr(e.x)
+        if e.op == "not":
+            return f"(not {x})"
+        if e.op == "invert":
+            return f"{NP_TYPE[e.dtype]}(~{x})"
+        if ir.is_unsigned(e.dtype):
+            return _wrap(f"(np.uint64(0) - {x})", e.dtype)
+        return _wrap(f"(-{x})", e.dtype)
+
+    def expr_binary(self, e: ir.Binary) -> str:
+        a, b, t, op = self.expr(e.a), self.expr(e.b), e.a.dtype, e.op
+        if op == "land":
+            return f"({a} and {b})"
+        if op == "lor":
+            return f"({a} or {b})"
+        if op in ir.COMPARE_OPS:
+            return f"({a} {_INFIX[op]} {b})"
+        if ir.is_float(t):
+            return _round(f"np.fmod({a}, {b})" if op == "mod" else f"({a} {_INFIX[op]} {b})", t)
+        if op == "div":
+            text = f"({a} // {b})" if ir.is_unsigned(t) else f"_lm_sdiv({a}, {b})"
+        elif op == "mod":
+            text = f"({a} % {b})" if ir.is_unsigned(t) else f"_lm_smod({a}, {b})"
+        else:
+            text = f"({a} {_INFIX[op]} {b})"
+        return _wrap(text, t)
+
+    def expr_select(self, e: ir.Select) -> str:
+        return f"({self.expr(e.a)} if {self.expr(e.cond)} else {self.expr(e.b)})"
+
+    def expr_math(self, e: ir.Math) -> str:
+        args = [self.expr(a) for a in e.args]
+        t = e.args[0].dtype
+        if e.fn == "abs":
+            if ir.is_unsigned(t):
+                return args[0]
+            return _wrap(f"abs({args[0]})", t)
+        text = _MATH[e.fn].format(*args, one=const("f64" if t == "f64" else "f32", 1.0))
+        return text if e.fn in ("min", "max", "isnan", "isinf") else _round(text, t)
+
+    def expr_cast(self, e: ir.Cast) -> str:
+        x, src, dst = self.expr(e.x), e.x.dtype, e.dtype
+        if dst == "bool":
+            return f"({x} != {const(src, 0)})"
+        if dst in _HALF:
+            return f"_lm_round_{dst}(np.float32({x}))"
+        return f"{NP_TYPE[dst]}({x})"
+
+    def expr_bitcast(self, e: ir.Bitcast) -> str:
+        x, src, dst = self.expr(e.x), e.x.dtype, e.dtype
+        if src == "bool":
+            return "np.uint8({x})".format(x=x) if dst == "u8" else f"np.uint8({x}).view({NP_TYPE[dst]})"
+        if dst == "bool":
+            return f"({x} != {const(src, 0)})"
+        if src in _HALF:
+            bits = f"_lm_{src}_bits({x})"
+            if dst == "u16":
+                return bits
+            return f"np.uint16({bits}).view(np.int16)" if dst == "i16" else f"_lm_{dst}_from_bits({bits})"
+        if dst in _HALF:
+            return f"_lm_{dst}_from_bits({x})"
+        return f"{NP_TYPE[src]}({x}).view({NP_TYPE[dst]})"  # numba views only np.<type>(...) calls
+
+    def i64(self, e: ir.Expr) -> str:
+        return self.expr(e) if e.dtype == "i64" else f"np.int64({self.expr(e)})"
+
+    def index(self, e: ir.Expr) -> str:
+        return f"np.uint64({self.expr(e)})"
+
+    def expr_load(self, e: ir.Load) -> str:
+        text = f"{var(e.buf)}[{self.index(e.index)}]"
+        return f"_lm_{e.dtype}_from_bits({text})" if e.dtype in _HALF else text
+
+    def block_byte(self, buf: str, block: ir.Expr, offset: ir.Expr) -> str:
+        return self.expr(add(mul(block, ir.Const("i64", ir.QUANT_BLOCK_BYTES[self.quant[buf]])), offset))
+
+    def expr_quantscale(self, e: ir.QuantScale) -> str:
+        return f"_lm_half_at({var(e.buf)}, {self.block_byte(e.buf, e.block, ir.Const('i64', 0))})"
+
+    def expr_quantmin(self, e: ir.QuantMin) -> str:
+        return f"_lm_half_at({var(e.buf)}, {self.block_byte(e.buf, e.block, ir.Const('i64', 2))})"
+
+    def expr_quantcode(self, e: ir.QuantCode) -> str:
+        qtype = self.quant[e.buf]
+        codes = ir.Const("i64", ir.QUANT_CODES_OFFSET[qtype])
+        if qtype == "q8_0":
+            within = add(codes, add(mul(e.sub, ir.Const("i64", 16)), e.lane))
+            return f"_lm_q8({var(e.buf)}, {self.block_byte(e.buf, e.block, within)})"
+        offset = self.block_byte(e.buf, e.block, add(codes, e.lane))
+        return f"_lm_q4({var(e.buf)}, {offset}, {self.expr(e.sub)})"
+
+    # ---- statements -------------------------------------------------------------------------
+
+    def stmts(self, body: tuple, depth: int) -> None:
+        if not body:
+            self.add(depth, "pass")
+        for s in body:
+            getattr(self, "stmt_" + type(s).__name__.lower())(s, depth)
+
+    def stmt_declare(self, s: ir.Declare, depth: int) -> None:
+        self.add(depth, f"{var(s.name)} = {self.expr(s.value)}")
+
+    def stmt_assign(self, s: ir.Assign, depth: int) -> None:
+        self.add(depth, f"{var(s.name)} = {self.expr(s.value)}")
+
+    def stmt_localarray(self, s: ir.LocalArray, depth: int) -> None:
+        storage = _STORAGE_TEXT.get(s.dtype, NP_TYPE[s.dtype])
+        zero = "False" if s.dtype == "bool" else f"{storage}(0)"
+        if s.size * np.dtype(STORAGE[s.dtype]).itemsize > STACK_ARRAY_BYTES:
+            self.add(depth, f"{var(s.name)} = np.zeros({s.size}, {storage})")
+            return
+        self.add(depth, f"{var(s.name)} = carray(_lm_alloca({s.size}, {storage}), ({s.size},))")
+        z = self.temp("z")
+        self.add(depth, f"for {z} in range({s.size}):")
+        self.add(depth + 1, f"{var(s.name)}[{z}] = {zero}")
+
+    def stmt_store(self, s: ir.Store, depth: int) -> None:
+        value = self.expr(s.value)
+        if s.value.dtype in _HALF:
+            value = f"_lm_{s.value.dtype}_bits({value})"
+        self.add(depth, f"{var(s.buf)}[{self.index(s.index)}] = {value}")
+
+    def stmt_for(self, s: ir.For, depth: int) -> None:
+        step = f", {s.step}" if s.step != 1 else ""
+        if s.dtype == "i64":
+            self.add(depth, f"for {var(s.var)} in range({self.expr(s.start)}, {self.expr(s.end)}{step}):")
+        else:
+            raw = self.temp("i")
+            self.add(depth, f"for {raw} in range(np.int64({self.expr(s.start)}), np.int64({self.expr(s.end)}){step}):")
+            self.add(depth + 1, f"{var(s.var)} = {NP_TYPE[s.dtype]}({raw})")
+        self.stmts(s.body, depth + 1)
+
+    def stmt_while(self, s: ir.While, depth: int) -> None:
+        self.add(depth, f"while {self.expr(s.cond)}:")
+        self.stmts(s.body, depth + 1)
+
+    def stmt_if(self, s: ir.If, depth: int, keyword: str = "if") -> None:
+        self.add(depth, f"{keyword} {self.expr(s.cond)}:")
+        self.stmts(s.then, depth + 1)
+        if len(s.orelse) == 1 and isinstance(s.orelse[0], ir.If):
+            self.stmt_if(s.orelse[0], depth, "elif")
+        elif s.orelse:
+            self.add(depth, "else:")
+            self.stmts(s.orelse, depth + 1)
+
+    def stmt_break(self, s: ir.Break, depth: int) -> None:
+        self.add(depth, "break")
+
+    def stmt_continue(self, s: ir.Continue, depth: int) -> None:
+        self.add(depth, "continue")
+
+    def stmt_parallelfor(self, s: ir.ParallelFor, depth: int) -> None:
+        """One prange over all lanes. A light body (no inner loop) takes LIGHT_CHUNK elements
+        of the last dimension per lane, so its innermost loop is contiguous and the index
+        arithmetic runs once per chunk; a heavy body gets one lane per index combination."""
+        if not s.lanes:
+            self.stmts(s.body, depth)
+            return
+        counts = []
+        for lane in s.lanes:
+            n = self.temp("n")
+            extent = self.i64(lane.end) if lane.start == ir.Const(lane.dtype, 0) else \
+                f"{self.i64(lane.end)} - {self.i64(lane.start)}"
+            self.add(depth, f"{n} = _lm_max({extent}, np.int64(0))")
+            counts.append(n)
+        light = len(s.lanes) > 1 and not _has_loop(s.body)
+        outer = list(range(len(s.lanes) - 1 if light else len(s.lanes)))
+        total = " * ".join(counts[i] for i in outer)
+        if light:
+            chunks = self.temp("c")
+            self.add(depth, f"{chunks} = ({counts[-1]} + {LIGHT_CHUNK - 1}) // {LIGHT_CHUNK}")
+            total = f"{total} * {chunks}"
+        rest = self.temp("p")
+        self.add(depth, f"for {rest} in prange({total}):")
+        d = depth + 1
+        if light:
+            chunk = self.temp("k")
+            self.add(d, f"{chunk} = {rest} % {chunks}")
+            nxt = self.temp("r")
+            self.add(d, f"{nxt} = {rest} // {chunks}")
+            rest = nxt
+        for i in reversed(outer):
+            if i == 0:
+                self.bind_lane(s.lanes[i], rest, d)
+            else:
+                self.bind_lane(s.lanes[i], f"{rest} % {counts[i]}", d)
+                nxt = self.temp("r")
+                self.add(d, f"{nxt} = {rest} // {counts[i]}")
+                rest = nxt
+        if light:
+            q = self.temp("q")
+            self.add(d, f"for {q} in range({chunk} * {LIGHT_CHUNK}, "
+                        f"_lm_min({chunk} * {LIGHT_CHUNK} + {LIGHT_CHUNK}, {counts[-1]})):")
+            d += 1
+            self.bind_lane(s.lanes[-1], q, d)
+        self.stmts(s.body, d)
+
+    def bind_lane(self, lane: ir.Lane, offset: str, depth: int) -> None:
+        value = f"{self.i64(lane.start)} + {offset}" if lane.start != ir.Const(lane.dtype, 0) else offset
+        if lane.dtype != "i64":
+            value = f"{NP_TYPE[lane.dtype]}({value})"
+        self.add(depth, f"{var(lane.var)} = {value}")
+
+    # ---- the function -------------------------------------------------------------------------
+
+    def render(self) -> str:
+        k = self.kernel
+        names = [var(p.name) for p in k.params] + [var(s.name) for s in k.symbols]
+        parallel = any(isinstance(s, ir.ParallelFor) and s.lanes for s in k.body)  # a single-lane part is serial
+        self.add(0, f'@njit(parallel={parallel}, cache=True, fastmath=False, error_model="numpy")')
+        self.add(0, f"def {function_name(k)}({', '.join(names)}):")
+        for p in k.params:
+            if isinstance(p, ir.ScalarParam):
+                coerce = f"_lm_round_{p.dtype}(np.float32({var(p.name)}))" if p.dtype in _HALF else \
+                    f"{NP_TYPE[p.dtype]}({var(p.name)})"
+                self.add(1, f"{var(p.name)} = {coerce}")
+        for s in k.symbols:
+            self.add(1, f"{var(s.name)} = np.int64({var(s.name)})")
+        self.stmts(k.body, 1)
+        return "\n".join(self.lines) + "\n"
+
+
+def render_kernel(kernel: ir.Kernel) -> str:
+    return _Renderer(kernel).render()
+
+
+def render_module(group: ir.KernelGroup) -> str:
+    """The module text for one `.loom` kernel: header, the helpers it uses, its part(s)."""
+    import numba
+
+    functions = "\n\n".join(render_kernel(k) for k in group.parts)
+    parts = len(group.parts)
+    header = [
+        f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.",
+        f"# kernel {group.name}: {group.source.path}:{group.source.line}"
+        + (f" ({parts} parallel loops, launched in order)" if parts > 1 else ""),
+    ]
+    if group.configs:
+        header.append("# configs: " + ", ".join(f"{k} = {v!r}" for k, v in group.configs))
+    helpers = helpers_for(functions)
+    return "\n".join(header) + "\n" + IMPORTS + "\n\n" + "".join(h + "\n\n" for h in helpers) + "\n" + functions
+
+
+# ---- files -----------------------------------------------------------------------------------------------
+
+def default_cache_dir() -> Path:
+    """`$LOOM_CACHE_DIR`, else `~/.cache/loom`."""
+    configured = os.environ.get("LOOM_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "loom"
+
+
+def module_path(text: str, cache_dir: Path | None = None) -> Path:
+    import numba
+
+    digest = hashlib.sha256((text + LOOMC_VERSION + numba.__version__).encode()).hexdigest()[:16]
+    return (cache_dir or default_cache_dir()) / "kernels" / f"k_{digest}.py"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and `os.replace`, so a reader (another
+    process importing the same kernel) never sees a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".py")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+_LOADED: dict[Path, object] = {}
+
+
+def load_module(path: Path):
+    """Import a generated module once per process (registered in sys.modules, which
+    numba's cache needs to find the functions again)."""
+    module = _LOADED.get(path)
+    if module is None:
+        name = "_loom_" + path.stem
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        _LOADED[path] = module
+    return module
+
+
+def load_group(group: ir.KernelGroup, cache_dir: Path | None = None) -> list:
+    """The numba dispatchers of a kernel's parts, compiled lazily on first call (and then
+    cached on disk next to the generated file)."""
+    text = render_module(group)
+    path = module_path(text, cache_dir)
+    if not path.exists():
+        write_atomically(path, text)
+    module = load_module(path)
+    return [getattr(module, function_name(k)) for k in group.parts]
+
+
+def compile_group(group: ir.KernelGroup, cache_dir: Path | None = None):
+    """A `loomrt.launch.KernelLauncher` for one lowered kernel on the cpu target."""
+    from loomrt.launch import KernelLauncher
+
+    return KernelLauncher(group, load_group(group, cache_dir))

@@ -1,0 +1,156 @@
+"""The helper functions that generated numba modules call, emitted only when used.
+
+Called by `lower/numba.py` (`helpers_for(text)`). Helpers are copied into every module
+that uses them, never imported, because numba's disk cache only watches the generated
+file (STYLE §5). They are plain `@njit` functions rather than `inline="always"`: LLVM
+inlines them all the same (no call is left in a compiled kernel), and numba's own
+inlining made the jammed matmuls take 4x longer to compile.
+
+f16: values are f32 that hold an exact f16 value; `_lm_f16_from_bits` widens branch-free
+(shift into place, rescale by 2^112, restore inf/nan), `_lm_f16_bits` narrows with
+round-to-nearest-even (Giesen's float_to_half_fast3_rtne). bf16 rounds the same way on
+the top 16 bits. Quantized blocks read their f16 scale with `_lm_half_at` straight from
+the GGUF bytes.
+"""
+
+from __future__ import annotations
+
+def helpers_for(text: str) -> list[str]:
+    """The source of every helper `text` calls, dependencies first."""
+    needed: list[str] = []
+
+    def want(name: str) -> None:
+        if name in needed:
+            return
+        for dep in _HELPER_DEPS.get(name, ()):
+            want(dep)
+        needed.append(name)
+
+    for name in _HELPERS:
+        if name + "(" in text:
+            want(name)
+    return [_HELPERS[n].strip("\n") for n in needed]
+
+
+IMPORTS = """import math
+
+import numpy as np
+from numba import carray, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+"""
+
+_HELPERS = {
+    "_lm_min": '''
+@njit(cache=True)
+def _lm_min(a, b):
+    return b if b < a else a''',
+    "_lm_max": '''
+@njit(cache=True)
+def _lm_max(a, b):
+    return b if b > a else a''',
+    "_lm_sdiv": '''
+@njit(cache=True)
+def _lm_sdiv(a, b):
+    # signed division truncating toward zero (numba's // floors); 0 when b == 0
+    q = a // b
+    if q < 0 and q * b != a:
+        q += 1
+    return q''',
+    "_lm_smod": '''
+@njit(cache=True)
+def _lm_smod(a, b):
+    # remainder with the sign of the dividend; 0 when b == 0
+    if b == 0:
+        return a - a
+    return a - b * _lm_sdiv(a, b)''',
+    "_lm_f16_from_bits": '''
+@njit(cache=True)
+def _lm_f16_from_bits(h):
+    # IEEE half bits -> f32, branch-free for finite values: shift the exponent and mantissa
+    # into place and rescale by 2^112; inf/nan get the f32 exponent back.
+    h = np.uint32(h) & np.uint32(0xFFFF)
+    mag = np.uint32((h & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32) * np.float32(5.192296858534828e33)
+    bits = np.uint32(np.float32(mag).view(np.uint32))
+    if (h & np.uint32(0x7C00)) == np.uint32(0x7C00):
+        bits = np.uint32(bits | np.uint32(0x7F800000))
+    return np.uint32(bits | ((h & np.uint32(0x8000)) << np.uint32(16))).view(np.float32)''',
+    "_lm_f16_bits": '''
+@njit(cache=True)
+def _lm_f16_bits(x):
+    # f32 -> IEEE half bits, round to nearest even (overflow to inf, subnormals, NaN kept)
+    f = np.uint32(np.float32(x).view(np.uint32))
+    sign = np.uint32(f & np.uint32(0x80000000))
+    f = np.uint32(f ^ sign)
+    if f >= np.uint32(0x47800000):
+        o = np.uint32(0x7E00) if f > np.uint32(0x7F800000) else np.uint32(0x7C00)
+    elif f < np.uint32(0x38800000):
+        o = np.uint32(np.float32(np.uint32(f).view(np.float32) + np.float32(0.5)).view(np.uint32) - np.uint32(0x3F000000))
+    else:
+        o = np.uint32(np.uint32(f + np.uint32(0xC8000FFF) + ((f >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13))
+    return np.uint16(o | (sign >> np.uint32(16)))''',
+    "_lm_round_f16": '''
+@njit(cache=True)
+def _lm_round_f16(x):
+    return _lm_f16_from_bits(_lm_f16_bits(x))''',
+    "_lm_bf16_from_bits": '''
+@njit(cache=True)
+def _lm_bf16_from_bits(h):
+    return np.uint32((np.uint32(h) & np.uint32(0xFFFF)) << np.uint32(16)).view(np.float32)''',
+    "_lm_bf16_bits": '''
+@njit(cache=True)
+def _lm_bf16_bits(x):
+    # f32 -> bfloat16 bits, round to nearest even; NaN stays NaN
+    f = np.uint32(np.float32(x).view(np.uint32))
+    if (f & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((f >> np.uint32(16)) | np.uint32(0x40))
+    return np.uint16(np.uint32(f + np.uint32(0x7FFF) + ((f >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))''',
+    "_lm_round_bf16": '''
+@njit(cache=True)
+def _lm_round_bf16(x):
+    return _lm_bf16_from_bits(_lm_bf16_bits(x))''',
+    "_lm_half_at": '''
+@njit(cache=True)
+def _lm_half_at(w, offset):
+    # the little-endian f16 at byte `offset` of a GGUF block, as f32
+    lo = np.uint32(w[np.uint64(offset)])
+    hi = np.uint32(w[np.uint64(offset + 1)])
+    return _lm_f16_from_bits(lo | (hi << np.uint32(8)))''',
+    "_lm_q4": '''
+@njit(cache=True)
+def _lm_q4(w, offset, sub):
+    # a 4-bit code: low nibble of the byte for elements 0..15 of a block, high for 16..31
+    return np.int32((np.int32(w[np.uint64(offset)]) >> np.int32(sub << 2)) & np.int32(15))''',
+    "_lm_q8": '''
+@njit(cache=True)
+def _lm_q8(w, offset):
+    return np.int32(np.int8(w[np.uint64(offset)]))''',
+    "_lm_fma": '''
+@intrinsic
+def _lm_fma(typingctx, a, b, c):
+    # llvm.fma: a * b + c with a single rounding
+    if not (a == b == c and isinstance(a, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fma(*args)
+
+    return a(a, b, c), codegen''',
+    "_lm_alloca": '''
+@intrinsic
+def _lm_alloca(typingctx, count, dtype):
+    # a stack buffer of `count` elements in the function's entry block (one per thread)
+    if not isinstance(count, types.IntegerLiteral) or not isinstance(dtype, types.NumberClass):
+        return None
+    elem = dtype.instance_type
+    size = count.literal_value
+
+    def codegen(context, builder, sig, args):
+        return cgutils.alloca_once(builder, context.get_data_type(elem), size=size)
+
+    return types.CPointer(elem)(count, dtype), codegen''',
+}
+_HELPER_DEPS = {
+    "_lm_smod": ("_lm_sdiv",), "_lm_round_f16": ("_lm_f16_from_bits", "_lm_f16_bits"),
+    "_lm_round_bf16": ("_lm_bf16_from_bits", "_lm_bf16_bits"), "_lm_half_at": ("_lm_f16_from_bits",),
+}

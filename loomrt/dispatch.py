@@ -1,0 +1,360 @@
+"""Command programs: run a specialized command's dispatches over bound params, state and inputs.
+
+`loomc.lower.commands.compile_command` builds a `CommandProgram` from a `CommandPlan`
+and the kernels compiled for a target. `run(params, state, inputs)` is the stage call:
+
+    run ──► bind params/state (cached while the same arrays are passed)
+        ──► check inputs against the stage, derive the per-call symbols (T, R, P, ...)
+        ──► the ShapePlan for those symbol values (cached, LRU): input/result buffers,
+            one scratch arena, and every dispatch's argument tuple, already built
+        ──► copy inputs in, evaluate per-call scalar arguments (if any dispatch uses one)
+        ──► for fn, args in calls: fn(*args)          (no per-op decisions)
+        ──► copy the results out
+
+Scratch: every `var` of the command gets a view into one byte arena per ShapePlan;
+two scratch tensors share bytes when no dispatch uses both between their first and last
+use (greedy first-fit, largest first). Scratch contents at the start of a call are
+unspecified (whatever the previous call left); results are zeroed before each call.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from functools import partial
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from loomc.check.shapes import Dim
+from loomc.ir import interpret
+from loomc.ir import module as ir
+from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, refs_arguments
+from loomrt.launch import STORAGE, KernelLauncher, logical_dim, storage_shape
+
+ARENA_ALIGN = 64
+MAX_SHAPE_PLANS = 8
+
+
+class DispatchError(ValueError):
+    """A stage call that cannot run as given (the runtime's error hierarchy will wrap these)."""
+
+
+class StageInputError(DispatchError):
+    """An input is missing, unknown, or disagrees with the stage's declared dtype or shape."""
+
+
+class BindingError(DispatchError):
+    """A param or state array disagrees with its declaration."""
+
+
+def dim_value(d: Dim, env: Mapping[str, int]) -> int:
+    value = d.substitute({name: Dim.const(v) for name, v in env.items()}).constant
+    if value is None:
+        raise DispatchError(f"dimension {d} has no value with {dict(env)}")
+    return value
+
+
+def _symbol_env(env: Mapping[str, int]) -> dict[str, int]:
+    return {SYMBOL_PREFIX + k: v for k, v in env.items()}
+
+
+def _per_call(dispatch: Dispatch) -> bool:
+    """Whether an operand depends on a scalar argument of the call (not only on symbols)."""
+    for o in dispatch.operands:
+        scalars = (o.leading + ((o.member,) if o.member is not None else ())) if isinstance(o, TensorRef) else (o,)
+        if any(refs_arguments(e) for e in scalars):
+            return True
+    return False
+
+
+class _Bound:
+    """Params and state checked against their declarations, with the ShapePlans built on them."""
+
+    def __init__(self, params: dict[str, Any], states: dict[str, np.ndarray], host: dict[str, int]):
+        self.params = params
+        self.states = states
+        self.host = host
+        self.plans: OrderedDict[tuple, ShapePlan] = OrderedDict()
+
+
+class ShapePlan:
+    """Everything for one binding of the per-call symbols: buffers and argument tuples."""
+
+    def __init__(self, program: "CommandProgram", bound: _Bound, env: dict[str, int]):
+        plan = program.plan
+        self.env = env
+        self.inputs = {a.name: np.zeros(storage_shape(a.dtype, [dim_value(d, env) for d in a.dims]), STORAGE[a.dtype])
+                       for a in plan.args if a.dims is not None}
+        self.results = {r.name: np.zeros(storage_shape(r.dtype, [dim_value(d, env) for d in r.dims]), STORAGE[r.dtype])
+                        for r in plan.results}
+        self.scratch = self.arena(plan)
+        self.calls: list[tuple[Any, tuple]] = []
+        self.dynamic: list[tuple[int, Any]] = []  # (index into calls, builder of (fn, args) from the call's scalars)
+        for dispatch in plan.dispatches:
+            if _per_call(dispatch):
+                for part in range(program.parts(dispatch)):
+                    builder = partial(self.build, program, bound, dispatch, part=part)
+                    self.dynamic.append((len(self.calls), builder))
+                    self.calls.append((None, ()))
+            else:
+                self.calls += self.build_all(program, bound, dispatch, _symbol_env(env))
+
+    # ---- scratch --------------------------------------------------------------------
+
+    def arena(self, plan: CommandPlan) -> dict[str, np.ndarray]:
+        uses: dict[str, list[int]] = {}
+        for i, d in enumerate(plan.dispatches):
+            for o in d.operands:
+                if isinstance(o, TensorRef) and o.kind == "scratch":
+                    uses.setdefault(o.name, []).append(i)
+        specs = [s for s in plan.scratch if s.name in uses]
+        sizes = {s.name: int(np.prod(storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims]), dtype=np.int64))
+                 * np.dtype(STORAGE[s.dtype]).itemsize for s in specs}
+        placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
+        offsets: dict[str, int] = {}
+        for s in sorted(specs, key=lambda s: -sizes[s.name]):
+            first, last = min(uses[s.name]), max(uses[s.name])
+            size = -(-sizes[s.name] // ARENA_ALIGN) * ARENA_ALIGN
+            offset = 0
+            for o, n, f, l in sorted(p for p in placed if not (p[3] < first or last < p[2])):
+                if offset + size <= o:
+                    break
+                offset = max(offset, o + n)
+            placed.append((offset, size, first, last))
+            offsets[s.name] = offset
+        self.arena_bytes = max((o + n for o, n, _, _ in placed), default=0)
+        arena = np.zeros(self.arena_bytes + ARENA_ALIGN, np.uint8)
+        base = (-arena.ctypes.data) % ARENA_ALIGN
+        views = {}
+        for s in specs:
+            shape = storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims])
+            start = base + offsets[s.name]
+            views[s.name] = arena[start:start + sizes[s.name]].view(STORAGE[s.dtype]).reshape(shape)
+        return views
+
+    # ---- dispatches -------------------------------------------------------------------
+
+    def array(self, bound: _Bound, ref: TensorRef, scalars: Mapping[str, Any]) -> np.ndarray:
+        if ref.kind == "input":
+            base = self.inputs[ref.name]
+        elif ref.kind == "result":
+            base = self.results[ref.name]
+        elif ref.kind == "scratch":
+            base = self.scratch[ref.name]
+        elif ref.kind == "state":
+            base = bound.states[ref.name]
+        else:
+            base = bound.params[ref.name]
+            if ref.member is not None:
+                lo, members = base
+                index = int(interpret.evaluate(ref.member, scalars))
+                if not 0 <= index - lo < len(members):
+                    raise DispatchError(f"param family '{ref.name}' has members {lo}..{lo + len(members)}, "
+                                        f"not {index}")
+                base = members[index - lo]
+        if ref.leading:
+            index = tuple(int(interpret.evaluate(e, scalars)) for e in ref.leading)
+            for axis, (i, n) in enumerate(zip(index, base.shape)):
+                if not 0 <= i < n:
+                    raise DispatchError(f"index {i} is outside dimension {axis} ({n}) of '{ref.name}'")
+            base = base[index]
+        return base
+
+    def operand_values(self, bound: _Bound, dispatch: Dispatch, scalars: Mapping[str, Any]) -> list[Any]:
+        return [self.array(bound, o, scalars) if isinstance(o, TensorRef) else interpret.evaluate(o, scalars)
+                for o in dispatch.operands]
+
+    def build_all(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch, scalars) -> list[tuple]:
+        values = self.operand_values(bound, dispatch, scalars)
+        if dispatch.kind == "matmul":
+            a, b, c = values
+            m, k = a.shape
+            n = b.shape[0]
+            if b.shape != (n, k) or c.shape != (m, n):
+                raise DispatchError(f"matmul at {dispatch.source.path}:{dispatch.source.line}: a {a.shape}, "
+                                    f"b {b.shape}, c {c.shape} do not make c = a . b^T")
+            return [(partial(np.matmul, out=c), (a, b.T))]
+        launcher: KernelLauncher = program.launchers[dispatch.callee]
+        args = launcher.bind(*values)
+        return [(f, args) for f in launcher.functions]
+
+    def build(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch, scalars, part: int = 0) -> tuple:
+        return self.build_all(program, bound, dispatch, scalars)[part]
+
+
+class CommandProgram:
+    """A compiled command: call `run` once per stage call."""
+
+    def __init__(self, plan: CommandPlan, launchers: dict[str, KernelLauncher], target: str = "cpu"):
+        self.plan = plan
+        self.launchers = launchers
+        self.target = target
+        self._bound: tuple[tuple, _Bound] | None = None
+        self._tensor_args = [a for a in plan.args if a.dims is not None]
+        self._scalar_args = [a for a in plan.args if a.dims is None]
+        self._names = {a.name for a in plan.args}
+
+    def __repr__(self) -> str:
+        return f"<CommandProgram {self.plan.name}: {len(self.plan.dispatches)} dispatches ({self.target})>"
+
+    @property
+    def num_dispatches(self) -> int:
+        return len(self.plan.dispatches)
+
+    def parts(self, dispatch: Dispatch) -> int:
+        return 1 if dispatch.kind == "matmul" else len(self.launchers[dispatch.callee].functions)
+
+    # ---- binding ------------------------------------------------------------------------
+
+    def bind(self, params: Mapping[str, Any], state: Mapping[str, np.ndarray]) -> _Bound:
+        """Check params and state once; reused while the same objects are passed."""
+        key = (tuple(id(params.get(n)) for n in self.plan.params), tuple(id(state.get(n)) for n in self.plan.states))
+        if self._bound is not None and self._bound[0] == key:
+            return self._bound[1]
+        bound_params: dict[str, Any] = {}
+        for name, spec in self.plan.params.items():
+            if name not in params:
+                raise BindingError(f"param '{name}' is not bound")
+            value = params[name]
+            dims = [d.constant for d in spec.dims]
+            if spec.family is None:
+                bound_params[name] = self.check_array("param", name, spec.dtype, dims, value, False)
+                continue
+            lo, hi = spec.family
+            if isinstance(value, Mapping):
+                missing = [i for i in range(lo, hi) if i not in value]
+                if missing:
+                    raise BindingError(f"param family '{name}' lacks members {missing}")
+                members = [value[i] for i in range(lo, hi)]
+            else:
+                members = list(value)
+                if len(members) != hi - lo:
+                    raise BindingError(f"param family '{name}' has {hi - lo} members ({lo}..{hi}), got {len(members)}")
+            bound_params[name] = (lo, [self.check_array("param", f"{name}[{lo + i}]", spec.dtype, dims, m, False)
+                                       for i, m in enumerate(members)])
+        bound_states: dict[str, np.ndarray] = {}
+        host: dict[str, int] = {}
+        for name, spec in self.plan.states.items():
+            if name not in state:
+                raise BindingError(f"state '{name}' is not bound")
+            array = state[name]
+            if not isinstance(array, np.ndarray) or array.ndim != len(spec.dims):
+                raise BindingError(f"state '{name}' must be a {len(spec.dims)}-d numpy array "
+                                   f"{spec.dtype}[{', '.join(map(str, spec.dims))}]")
+            scope = spec.dims[0].bare_symbol
+            host.setdefault(scope, array.shape[0])
+            if host[scope] != array.shape[0]:
+                raise BindingError(f"state '{name}' has {array.shape[0]} {scope}, another state has {host[scope]}")
+            dims = [array.shape[0]] + [d.constant for d in spec.dims[1:]]
+            bound_states[name] = self.check_array("state", name, spec.dtype, dims, array, True)
+        bound = _Bound(bound_params, bound_states, host)
+        self._bound = (key, bound)
+        return bound
+
+    @staticmethod
+    def check_array(what: str, name: str, dtype: str, dims: list[int], value: Any, writable: bool) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            raise BindingError(f"{what} '{name}' must be a numpy array, got {type(value).__name__}")
+        want = storage_shape(dtype, dims)
+        allowed = (np.dtype(STORAGE[dtype]),) + ((np.dtype(np.uint16),) if dtype == "f16" else ())
+        if value.dtype not in allowed or value.shape != want:
+            shown = f"{dtype}{dims}" + (f" (GGUF bytes: uint8{list(want)})" if dtype in ir.QUANT_DTYPES else "")
+            raise BindingError(f"{what} '{name}' must be {shown}, got {value.dtype}{list(value.shape)}")
+        if not value.flags.c_contiguous:
+            raise BindingError(f"{what} '{name}' must be C-contiguous")
+        if writable and not value.flags.writeable:
+            raise BindingError(f"{what} '{name}' is written by the program, but the array is read-only")
+        return value
+
+    # ---- a call ---------------------------------------------------------------------------
+
+    def symbols(self, inputs: Mapping[str, Any], host: Mapping[str, int]) -> dict[str, int]:
+        """Check the inputs against the stage; return every symbol's value for this call."""
+        unknown = sorted(set(inputs) - self._names)
+        if unknown:
+            raise StageInputError(f"stage '{self.plan.name}' has no argument {', '.join(map(repr, unknown))}")
+        missing = [a.name for a in self.plan.args if a.name not in inputs]
+        if missing:
+            raise StageInputError(f"stage '{self.plan.name}' needs {', '.join(map(repr, missing))}")
+        env: dict[str, int] = dict(host)
+        for name, (kind, source, axis) in self.plan.symbols.items():
+            if kind == "arg":
+                spec = next(a for a in self._tensor_args if a.name == source)
+                array = self.check_input(spec, inputs[source])
+                env[name] = logical_dim(spec.dtype, array.shape, axis)
+        for spec in self._tensor_args:
+            array = self.check_input(spec, inputs[spec.name])
+            want = [dim_value(d, env) for d in spec.dims]
+            if array.shape != storage_shape(spec.dtype, want):
+                bound = ", ".join(f"{k} = {v}" for k, v in sorted(env.items()) if not k.startswith("<"))
+                raise StageInputError(f"'{spec.name}' must be {spec.dtype}[{', '.join(map(str, spec.dims))}] = "
+                                      f"{spec.dtype}{want} with {bound}, got shape {list(array.shape)}")
+        return env
+
+    def check_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            raise StageInputError(f"'{spec.name}' must be a numpy array, got {type(value).__name__}")
+        allowed = (np.dtype(STORAGE[spec.dtype]),) + ((np.dtype(np.uint16),) if spec.dtype == "f16" else ())
+        if value.dtype not in allowed:
+            raise StageInputError(f"'{spec.name}' is {spec.dtype}: expected a {allowed[0]} array, got {value.dtype}")
+        if value.ndim != len(spec.dims):
+            raise StageInputError(f"'{spec.name}' is {spec.dtype}[{', '.join(map(str, spec.dims))}]: "
+                                  f"expected {len(spec.dims)} dimensions, got {value.ndim}")
+        return value
+
+    def scalar_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        out = {}
+        for spec in self._scalar_args:
+            value = inputs[spec.name]
+            if isinstance(value, np.ndarray) and value.ndim == 0:
+                value = value[()]
+            if spec.dtype == "bool":
+                ok = isinstance(value, (bool, np.bool_))
+            elif ir.is_int(spec.dtype):
+                ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
+                    and interpret.wrap(int(value), spec.dtype) == int(value)
+            else:
+                ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+            if not ok:
+                raise StageInputError(f"'{spec.name}' must be a {spec.dtype} scalar, got {value!r}")
+            out[spec.name] = interpret.to_dtype(value, spec.dtype)
+        return out
+
+    def shape_plan(self, bound: _Bound, env: dict[str, int]) -> ShapePlan:
+        key = tuple(sorted(env.items()))
+        plan = bound.plans.get(key)
+        if plan is None:
+            plan = ShapePlan(self, bound, env)
+            bound.plans[key] = plan
+            while len(bound.plans) > MAX_SHAPE_PLANS:
+                bound.plans.popitem(last=False)
+        else:
+            bound.plans.move_to_end(key)
+        return plan
+
+    def prepare(self, params: Mapping[str, Any], state: Mapping[str, np.ndarray], inputs: Mapping[str, Any]) -> ShapePlan:
+        """Bind, check and load the inputs of one call; returns the ShapePlan ready to execute."""
+        bound = self.bind(params, state)
+        env = self.symbols(inputs, bound.host)
+        shape_plan = self.shape_plan(bound, env)
+        for name, buf in shape_plan.inputs.items():
+            value = inputs[name]
+            np.copyto(buf.view(value.dtype) if value.dtype != buf.dtype else buf, value)  # f16 may come as its bits
+        if shape_plan.dynamic:
+            scalars = {**_symbol_env(env), **self.scalar_inputs(inputs)}
+            for index, builder in shape_plan.dynamic:
+                shape_plan.calls[index] = builder(scalars)
+        elif self._scalar_args:
+            self.scalar_inputs(inputs)  # still checked
+        for buf in shape_plan.results.values():
+            buf.fill(0)
+        return shape_plan
+
+    def run(self, params: Mapping[str, Any], state: Mapping[str, np.ndarray], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """One stage call: results are fresh arrays; state is updated in place. One call at
+        a time per program (the buffers of a ShapePlan are reused); the program keeps the
+        last params and state it was given alive while it is bound to them."""
+        shape_plan = self.prepare(params, state, inputs)
+        for fn, args in shape_plan.calls:
+            fn(*args)
+        return {name: buf.copy() for name, buf in shape_plan.results.items()}

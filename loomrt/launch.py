@@ -1,0 +1,145 @@
+"""Host-side kernel launchers: numpy arrays in, a lowered kernel's flat argument tuple out.
+
+A `KernelLauncher` is what a command program (`loomrt.dispatch`) and the numerics tests
+call. `bind` does all the checking a launch needs, once: it derives each shape symbol
+from the argument it comes from, checks every dimension, dtype, contiguity and
+writability, and flattens the arrays to the 1-D views the kernels index. After that,
+launching is calling the part functions with the tuple, so nothing inside a parallel loop
+ever needs to check a bound.
+
+Storage: numeric tensors are numpy arrays of their dtype (f16 as float16 or uint16 bits,
+bf16 as uint16 bits). A q4_0/q4_1/q8_0 tensor of logical shape `[..., K]` is the GGUF
+block bytes: a uint8 array of shape `[..., K / 32 * bytes_per_block]`, exactly what
+`gguf.GGUFReader` yields, used in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from loomc.ir import interpret
+from loomc.ir import module as ir
+
+STORAGE = {"bool": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+           "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
+           "f16": np.float16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64,
+           "q4_0": np.uint8, "q4_1": np.uint8, "q8_0": np.uint8}
+
+
+class KernelArgumentError(ValueError):
+    """An argument does not fit the kernel's signature; names the kernel, the argument and the numbers."""
+
+
+def storage_shape(dtype: str, dims: Sequence[int]) -> tuple[int, ...]:
+    """The numpy shape holding a tensor of `dtype` with logical `dims`."""
+    dims = tuple(int(d) for d in dims)
+    if dtype in ir.QUANT_DTYPES:
+        return dims[:-1] + (dims[-1] // ir.QUANT_BLOCK_ELEMS * ir.QUANT_BLOCK_BYTES[dtype],)
+    return dims
+
+
+def logical_dim(dtype: str, shape: tuple[int, ...], axis: int) -> int:
+    """Logical size of `axis` of a stored array (the last axis of quantized storage is bytes)."""
+    if dtype in ir.QUANT_DTYPES and axis == len(shape) - 1:
+        block_bytes = ir.QUANT_BLOCK_BYTES[dtype]
+        return shape[axis] // block_bytes * ir.QUANT_BLOCK_ELEMS if shape[axis] % block_bytes == 0 else -1
+    return shape[axis]
+
+
+def flat_view(dtype: str, array: np.ndarray) -> np.ndarray:
+    """The 1-D view a kernel indexes (f16 as its uint16 bits)."""
+    if dtype == "f16" and array.dtype == np.float16:
+        array = array.view(np.uint16)
+    return array.reshape(-1)
+
+
+def allocate(dtype: str, dims: Sequence[int]) -> np.ndarray:
+    return np.zeros(storage_shape(dtype, dims), STORAGE[dtype])
+
+
+class KernelLauncher:
+    """Launches one lowered `.loom` kernel (all its parts, in order) on numpy arrays."""
+
+    def __init__(self, group: ir.KernelGroup, functions: Sequence[Any]):
+        first = group.parts[0]
+        self.name = group.name
+        self.group = group
+        self.params = first.params
+        self.symbols = first.symbols
+        self.functions = tuple(functions)
+        self._positions = {p.name: i for i, p in enumerate(self.params)}
+
+    def __repr__(self) -> str:
+        return f"<KernelLauncher {self.name}: {len(self.functions)} part(s)>"
+
+    def fail(self, message: str) -> KernelArgumentError:
+        return KernelArgumentError(f"kernel {self.name}: {message}")
+
+    def bind(self, *values: Any) -> tuple:
+        """Check `values` (one per `.loom` argument) and return the launch argument tuple."""
+        if len(values) != len(self.params):
+            raise self.fail(f"takes {len(self.params)} arguments, got {len(values)}")
+        env: dict[str, int] = {}
+        for s in self.symbols:
+            p = self.params[self._positions[s.buffer]]
+            array = values[self._positions[s.buffer]]
+            self.check_array(p, array)
+            env[s.name] = logical_dim(p.dtype, array.shape, s.axis)
+        flat: list[Any] = []
+        for p, value in zip(self.params, values):
+            if isinstance(p, ir.ScalarParam):
+                flat.append(self.scalar(p, value))
+                continue
+            self.check_array(p, value)
+            want = tuple(int(interpret.evaluate(d, env)) for d in p.dims)
+            if want and min(want) < 0:
+                raise self.fail(f"'{p.name}' would have dimensions {want}")
+            expected = storage_shape(p.dtype, want)
+            if value.shape != expected:
+                shown = f"{p.dtype}{list(want)}" + (f" (stored as uint8{list(expected)})" if p.dtype in ir.QUANT_DTYPES else "")
+                raise self.fail(f"'{p.name}' must be {shown} given {self.symbol_text(env)}, got shape {list(value.shape)}")
+            flat.append(flat_view(p.dtype, value))
+        flat += [env[s.name] for s in self.symbols]
+        return tuple(flat)
+
+    def symbol_text(self, env: dict[str, int]) -> str:
+        return ", ".join(f"{k} = {v}" for k, v in sorted(env.items())) or "no symbols"
+
+    def check_array(self, p: ir.BufferParam, value: Any) -> None:
+        if not isinstance(value, np.ndarray):
+            raise self.fail(f"'{p.name}' must be a numpy array, got {type(value).__name__}")
+        allowed = (np.dtype(STORAGE[p.dtype]),) + ((np.dtype(np.uint16),) if p.dtype == "f16" else ())
+        if value.dtype not in allowed:
+            raise self.fail(f"'{p.name}' is {p.dtype}: expected a {allowed[0]} array, got {value.dtype}")
+        if value.ndim != len(p.dims):
+            raise self.fail(f"'{p.name}' has {len(p.dims)} dimensions, got an array of {value.ndim}")
+        if not value.flags.c_contiguous:
+            raise self.fail(f"'{p.name}' must be C-contiguous")
+        if p.writable and not value.flags.writeable:
+            raise self.fail(f"'{p.name}' is written by the kernel, but the array is read-only")
+
+    def scalar(self, p: ir.ScalarParam, value: Any) -> Any:
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if p.dtype == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise self.fail(f"'{p.name}' is bool, got {value!r}")
+            return bool(value)
+        if ir.is_int(p.dtype):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise self.fail(f"'{p.name}' is {p.dtype}, got {value!r}")
+            if interpret.wrap(int(value), p.dtype) != int(value):
+                raise self.fail(f"'{p.name}' is {p.dtype}; {int(value)} does not fit")
+            return STORAGE[p.dtype](value)
+        if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+            raise self.fail(f"'{p.name}' is {p.dtype}, got {value!r}")
+        return np.float64(value) if p.dtype == "f64" else np.float32(value)
+
+    def launch(self, args: tuple) -> None:
+        for f in self.functions:
+            f(*args)
+
+    def __call__(self, *values: Any) -> None:
+        self.launch(self.bind(*values))
