@@ -142,10 +142,24 @@ def _math(fn: str, args: list[Any], arg_dtype: str, dtype: str) -> Any:
         elif fn == "fma":
             r = work(float(np.float64(xs[0]) * np.float64(xs[1]) + np.float64(xs[2])))
         elif fn == "pow":
-            r = np.power(xs[0], xs[1])
+            r = work(_c_pow(float(xs[0]), float(xs[1])))
         else:
             r = getattr(np, fn)(xs[0])
     return to_dtype(r, dtype)
+
+
+def _c_pow(x: float, y: float) -> float:
+    """C99 `pow` (what numba's math.pow and CUDA's powf compute), including the special cases
+    numpy answers differently, e.g. pow(-inf, 0.5) = +inf rather than NaN."""
+    odd_integer = math.isfinite(y) and y == int(y) and int(y) % 2 == 1
+    if x == 0.0 and y < 0.0:
+        return math.copysign(math.inf, x) if odd_integer else math.inf
+    try:
+        return math.pow(x, y)
+    except ValueError:  # a negative finite base with a non-integer exponent
+        return math.nan
+    except OverflowError:
+        return math.copysign(math.inf, x) if odd_integer else math.inf
 
 
 def _cast(x: Any, src: str, dst: str) -> Any:
