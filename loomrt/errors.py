@@ -8,8 +8,11 @@ in one place, and anything that is not a `LoomError` becomes a 500 there.
     LoomError                       500 internal_error
     ├── InvalidRequest              400 invalid_request_error
     ├── NotFound                    404 invalid_request_error
+    │   └── LocatorNotFound             a `package:MODULE/path` locator names no installed file
     ├── Conflict                    409 invalid_request_error
     ├── PolicyFailure               4xx/5xx chosen by control code with fail(status, message)
+    ├── CheckpointError             500: a checkpoint file cannot be read, or lacks a tensor
+    │   └── PrepareError                a param's preparation failed or disagrees with its declaration
     └── VmError                     500: control code went wrong; the message starts with path:line:col
         ├── VmRuntimeError              a dynamic type error, a missing key, a bad index, ...
         ├── VmBudgetExceeded            instruction budget or call depth used up
@@ -57,6 +60,12 @@ class NotFound(LoomError):
     status, type, code = 404, "invalid_request_error", "not_found"
 
 
+class LocatorNotFound(NotFound):
+    """A `package:` locator (`loomrt.locator`) whose module is not installed or lacks the file."""
+
+    code = "locator_not_found"
+
+
 class Conflict(LoomError):
     status, type, code = 409, "invalid_request_error", "conflict"
 
@@ -79,6 +88,22 @@ class PolicyFailure(LoomError):
         self.path: str | None = None
         self.line = 0
         self.column = 0
+
+
+class CheckpointError(LoomError):
+    """A checkpoint cannot be opened or read, or has no tensor of the name asked for.
+
+    A deployment's weights are the package's (or operator's) business, never the client's: 500."""
+
+    status, type, code = 500, "internal_error", "checkpoint_error"
+
+
+class PrepareError(CheckpointError):
+    """Weight preparation failed: a `param` got a tensor of the wrong dtype or shape, or a
+    preparation function cannot apply. The message names the param, the family member and
+    the checkpoint tensor(s) it was prepared from."""
+
+    code = "prepare_error"
 
 
 class VmError(LoomError):
@@ -124,6 +149,6 @@ class VmExpectFailed(VmError):
 
 
 __all__ = [
-    "Conflict", "InvalidRequest", "LoomError", "NotFound", "PolicyFailure", "VmBudgetExceeded", "VmError",
-    "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
+    "CheckpointError", "Conflict", "InvalidRequest", "LocatorNotFound", "LoomError", "NotFound", "PolicyFailure",
+    "PrepareError", "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
 ]
