@@ -150,5 +150,6 @@ class VmExpectFailed(VmError):
 
 __all__ = [
     "CheckpointError", "Conflict", "InvalidRequest", "LocatorNotFound", "LoomError", "NotFound", "PolicyFailure",
-    "PrepareError", "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
+    "PrepareError", "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError",
+    "type_for_status",
 ]
