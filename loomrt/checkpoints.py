@@ -1,0 +1,112 @@
+"""Checkpoints: named tensors read from a weights file, in the storage the runtime binds.
+
+`open_checkpoint(path)` picks the format (GGUF by its magic bytes, else safetensors) and
+returns a `Checkpoint`:
+
+    names()        the tensor names, in file order
+    info(name)     TensorInfo(name, dtype, shape): the `.loom` dtype and the *logical*
+                   row-major shape (GGUF lists dims fastest-first; this is reversed back)
+    get(name)      the tensor's storage array (memory-mapped where the format allows)
+
+Storage is what `loomrt.launch` binds: a numeric tensor is a numpy array of its dtype
+(bf16 as uint16 bits); a q4_0/q4_1/q8_0 tensor of logical shape `[..., K]` is its raw
+GGUF block bytes, a uint8 array `[..., K / 32 * bytes_per_block]`, never dequantized.
+Failures are `CheckpointError`s.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from loomrt.errors import CheckpointError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+class Checkpoint:
+    """One open weights file. Subclasses fill `_infos` and implement `_load`."""
+
+    format = "?"
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._infos: dict[str, TensorInfo] = {}
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path} ({len(self._infos)} tensors)>"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._infos
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop this object's references to the file; arrays already handed out stay valid."""
+
+    def names(self) -> list[str]:
+        return list(self._infos)
+
+    def missing(self, name: str) -> str:
+        """The message for a name this checkpoint lacks, with the nearest names it has."""
+        near = difflib.get_close_matches(name, self._infos, n=3)
+        hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+        return f"checkpoint {self.path.name} has no tensor '{name}'{hint}"
+
+    def info(self, name: str) -> TensorInfo:
+        found = self._infos.get(name)
+        if found is None:
+            raise CheckpointError(self.missing(name))
+        return found
+
+    def get(self, name: str) -> np.ndarray:
+        info = self.info(name)
+        if info.dtype not in SUPPORTED_DTYPES:
+            raise CheckpointError(f"checkpoint {self.path.name}: tensor '{name}' is {info.dtype}, "
+                                  f"which Loom cannot use (supported: {', '.join(SUPPORTED_DTYPES)})")
+        return self._load(info)
+
+    def _load(self, info: TensorInfo) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+SUPPORTED_DTYPES = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32", "f64",
+                    "q4_0", "q4_1", "q8_0")
+
+
+def open_checkpoint(path: str | Path) -> Checkpoint:
+    """Open a `.gguf` or `.safetensors` file (the format is read from the file's first bytes)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"cannot open checkpoint {path}: {exc.strerror or exc}") from None
+    if magic == GGUF_MAGIC:
+        from loomrt.checkpoint_gguf import GgufCheckpoint
+        return GgufCheckpoint(path)
+    from loomrt.checkpoint_safetensors import SafetensorsCheckpoint
+    return SafetensorsCheckpoint(path)
+
+
+__all__ = ["Checkpoint", "SUPPORTED_DTYPES", "TensorInfo", "open_checkpoint"]

@@ -1,0 +1,262 @@
+"""The weight-preparation program: run a checked program's `param` declarations on a checkpoint.
+
+    prepare_params(checked, checkpoint) -> {name: array, family: [array per member]}
+
+The result is exactly what `CommandProgram.run(params=...)` binds (see `loomrt.launch`):
+numeric params are C-contiguous numpy arrays of their dtype (f16 as float16, bf16 as
+uint16 bits), q4_0/q4_1/q8_0 params are GGUF block bytes, uint8 `[..., K / 32 * bpb]`.
+A family `[l in a..b]` becomes a list of its members in index order. Arrays straight from
+the checkpoint are passed through without copying (memory-mapped, read-only).
+
+Preparation functions: `checkpoint("name")` (family index `{l}` substituted),
+`transpose(t)` (axes reversed; numeric only), `cast(t, DTYPE)` (numeric; a quantized `t`
+is dequantized), `concat([...], axis)` (same dtype; quantized along any axis, the last in
+whole blocks), `reshape(t, [dims])` (same element count; quantized keeps whole blocks) and
+`quantize(t, QTYPE)` (from a float tensor, with `gguf.quants.quantize`). Each result must
+match the declared type exactly, or a `PrepareError` names the param, the member and the
+checkpoint tensors, e.g. `param 'wq'[3] (blk.3.attn_q.weight): expected q4_1[576, 576],
+got q4_1[576, 512]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loomc.check import CheckedProgram
+from loomc.check.core import ConstError
+from loomc.check.program import ModuleInfo
+from loomc.ir import module as ir
+from loomc.syntax import ast
+from loomrt.checkpoints import Checkpoint
+from loomrt.errors import CheckpointError, PrepareError
+from loomrt.launch import STORAGE
+
+QUANT = ir.QUANT_DTYPES
+BLOCK = ir.QUANT_BLOCK_ELEMS
+
+
+def _gguf_type(qtype: str):
+    from gguf import GGMLQuantizationType
+    return GGMLQuantizationType[qtype.upper()]
+
+
+@dataclass
+class Value:
+    """A tensor during preparation: its `.loom` dtype, its storage array, its logical shape."""
+
+    dtype: str
+    array: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = self.array.shape
+        if self.dtype in QUANT:
+            return s[:-1] + (s[-1] // ir.QUANT_BLOCK_BYTES[self.dtype] * BLOCK,)
+        return tuple(s)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+
+
+class _Failure(Exception):
+    """Raised inside one param's preparation; `prepare_params` adds which param it was."""
+
+
+def _to_float(v: Value) -> np.ndarray:
+    """A float array of the same logical shape (quantized blocks dequantized, bf16 widened)."""
+    if v.dtype in QUANT:
+        from gguf.quants import dequantize
+        return dequantize(v.array, _gguf_type(v.dtype))
+    if v.dtype == "bf16":
+        return (v.array.astype(np.uint32) << 16).view(np.float32)
+    return v.array
+
+
+def _cast(v: Value, dtype: str) -> Value:
+    if dtype == v.dtype:
+        return v
+    src = _to_float(v) if v.dtype in QUANT or v.dtype == "bf16" else v.array
+    if dtype == "bf16":
+        bits = np.ascontiguousarray(src, dtype=np.float32).view(np.uint32)
+        rounded = bits + 0x7FFF + ((bits >> 16) & 1)  # round to nearest even
+        out = np.where(np.isnan(src), (bits >> 16) | 0x40, rounded >> 16).astype(np.uint16)
+        return Value(dtype, out)
+    if dtype == "bool":
+        return Value(dtype, src != 0)
+    return Value(dtype, src.astype(STORAGE[dtype]))
+
+
+def _quantize(v: Value, qtype: str) -> Value:
+    if v.dtype in QUANT:
+        raise _Failure(f"quantize takes a numeric tensor, got {v} (already block-quantized)")
+    if not v.shape or v.shape[-1] % BLOCK:
+        raise _Failure(f"quantize to {qtype} needs a last dimension that is a multiple of {BLOCK}, got {v}")
+    try:
+        from gguf.quants import quantize
+    except ImportError:  # pragma: no cover - depends on the installed gguf
+        raise _Failure(f"quantize to {qtype} is unsupported: this gguf package has no gguf.quants.quantize") from None
+    src = np.ascontiguousarray(_to_float(v), dtype=np.float32)
+    try:
+        return Value(qtype, np.ascontiguousarray(quantize(src, _gguf_type(qtype))))
+    except NotImplementedError:  # pragma: no cover - depends on the installed gguf
+        raise _Failure(f"quantize to {qtype} is unsupported by the installed gguf package") from None
+
+
+def _concat(values: list[Value], axis: int) -> Value:
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) != 1:
+        raise _Failure(f"concat needs tensors of one dtype, got {', '.join(map(str, values))}")
+    rank = {len(v.shape) for v in values}
+    if len(rank) != 1:
+        raise _Failure(f"concat needs tensors of one rank, got {', '.join(map(str, values))}")
+    n = rank.pop()
+    if not -n <= axis < n:
+        raise _Failure(f"concat axis {axis} is outside the {n} dimensions of {values[0]}")
+    axis %= n
+    for v in values[1:]:
+        if any(a != b for i, (a, b) in enumerate(zip(v.shape, values[0].shape)) if i != axis):
+            raise _Failure(f"concat along axis {axis}: {values[0]} and {v} differ in another dimension")
+    # Quantized storage concatenates along the byte axis too: every row's blocks are independent.
+    return Value(values[0].dtype, np.concatenate([v.array for v in values], axis=axis))
+
+
+def _reshape(v: Value, dims: list[int]) -> Value:
+    count = int(np.prod(v.shape, dtype=np.int64))
+    if int(np.prod(dims, dtype=np.int64)) != count:
+        raise _Failure(f"cannot reshape {v} ({count} elements) to [{', '.join(map(str, dims))}]")
+    if v.dtype in QUANT:
+        if not dims or dims[-1] % BLOCK:
+            raise _Failure(f"cannot reshape {v} to [{', '.join(map(str, dims))}]: {v.dtype} keeps whole blocks "
+                           f"of {BLOCK} along the last dimension")
+        # Blocks are laid out row-major, so the flat block sequence is the same for any such shape.
+        storage = tuple(dims[:-1]) + (dims[-1] // BLOCK * ir.QUANT_BLOCK_BYTES[v.dtype],)
+        return Value(v.dtype, np.ascontiguousarray(v.array).reshape(storage))
+    return Value(v.dtype, np.ascontiguousarray(v.array).reshape(dims))
+
+
+class _Evaluator:
+    """Evaluates one param member's preparation expression."""
+
+    def __init__(self, checked: CheckedProgram, info: ModuleInfo, checkpoint: Checkpoint,
+                 family_var: str | None, index: int | None):
+        self.core, self.info, self.checkpoint = checked.core, info, checkpoint
+        self.family_var, self.index = family_var, index
+        self.names: list[str] = []
+
+    def const(self, e: ast.Expr) -> int:
+        try:
+            value, _ = self.core.const_eval(self.info, e)
+        except ConstError:
+            raise _Failure("a constant does not fold (the program did not check)") from None
+        return int(value)
+
+    def dims(self, items: list[ast.Expr]) -> list[int]:
+        out = []
+        for d in items:
+            try:
+                value = self.core.dim(self.info, d, None).constant
+            except ConstError:
+                value = None
+            if value is None:
+                raise _Failure("a dimension does not fold (the program did not check)")
+            out.append(int(value))
+        return out
+
+    def name(self, e: ast.StrLit) -> str:
+        text = e.value
+        if self.family_var is not None:
+            text = text.replace("{" + self.family_var + "}", str(self.index))
+        return text
+
+    def eval(self, e: ast.Expr) -> Value:
+        if not isinstance(e, ast.Call) or not isinstance(e.callee, ast.Name):
+            raise _Failure("not a preparation (the program did not check)")
+        fn, args = e.callee.name, e.args
+        if fn == "checkpoint":
+            name = self.name(args[0])
+            self.names.append(name)
+            if name not in self.checkpoint:
+                raise _Failure(self.checkpoint.missing(name))
+            info = self.checkpoint.info(name)
+            try:
+                return Value(info.dtype, self.checkpoint.get(name))
+            except CheckpointError as exc:
+                raise _Failure(exc.message) from None
+        if fn == "transpose":
+            v = self.eval(args[0])
+            if v.dtype in QUANT:
+                raise _Failure(f"cannot transpose {v}: block-quantized tensors keep their blocks; "
+                               "transpose before quantize")
+            return Value(v.dtype, np.ascontiguousarray(v.array.T))
+        if fn == "cast":
+            return _cast(self.eval(args[0]), args[1].name)
+        if fn == "quantize":
+            return _quantize(self.eval(args[0]), args[1].name)
+        if fn == "concat":
+            return _concat([self.eval(item) for item in args[0].items], self.const(args[1]))
+        if fn == "reshape":
+            return _reshape(self.eval(args[0]), self.dims(args[1].items))
+        raise _Failure(f"unknown preparation '{fn}' (the program did not check)")
+
+
+def _param_modules(checked: CheckedProgram) -> list[ModuleInfo]:
+    if checked.roles:
+        return list(checked.roles.get("prepare", []))
+    return checked.modules
+
+
+def param_declarations(checked: CheckedProgram) -> list[tuple[ModuleInfo, ast.Param]]:
+    """The params to prepare: those of the document's prepare modules, else all of the program's."""
+    seen: set[tuple] = set()
+    out = []
+    for info in _param_modules(checked):
+        if info.key in seen:
+            continue
+        seen.add(info.key)
+        out += [(info, item) for item in info.module.items if isinstance(item, ast.Param)]
+    return out
+
+
+def prepare_params(checked: CheckedProgram, checkpoint: Checkpoint) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """Run every param declaration against `checkpoint`; the result binds as `run(params=...)`."""
+    if not checked.ok:
+        raise PrepareError("cannot prepare weights: the program has errors" +
+                           (f" ({checked.diagnostics[0].message})" if checked.diagnostics else ""))
+    out: dict[str, np.ndarray | list[np.ndarray]] = {}
+    for info, p in param_declarations(checked):
+        declared = checked.core.tensor_type(info, p.type, None)
+        want_dims = tuple(int(d.constant) for d in declared.dims)
+        want = f"{declared.dtype}[{', '.join(map(str, want_dims))}]"
+        if p.family is None:
+            out[p.name] = _prepare_one(checked, info, p, checkpoint, None, declared.dtype, want_dims, want)
+            continue
+        lo = int(checked.core.const_eval(info, p.family.start)[0])
+        hi = int(checked.core.const_eval(info, p.family.end)[0])
+        out[p.name] = [_prepare_one(checked, info, p, checkpoint, i, declared.dtype, want_dims, want)
+                       for i in range(lo, hi)]
+    return out
+
+
+def _prepare_one(checked: CheckedProgram, info: ModuleInfo, p: ast.Param, checkpoint: Checkpoint,
+                 index: int | None, dtype: str, dims: tuple[int, ...], want: str) -> np.ndarray:
+    ev = _Evaluator(checked, info, checkpoint, p.family.var if p.family else None, index)
+
+    def where() -> str:
+        member = f"[{index}]" if index is not None else ""
+        return f"param '{p.name}'{member} ({', '.join(ev.names) or 'no checkpoint tensor'})"
+
+    try:
+        v = ev.eval(p.value)
+    except _Failure as exc:
+        raise PrepareError(f"{where()}: {exc}", param=p.name) from None
+    if v.dtype != dtype or v.shape != dims:
+        raise PrepareError(f"{where()}: expected {want}, got {v}", param=p.name)
+    array = v.array
+    if dtype == "f16" and array.dtype == np.uint16:  # pragma: no cover - no source yields f16 bits today
+        array = array.view(np.float16)
+    return np.ascontiguousarray(array)
+
+
+__all__ = ["Value", "param_declarations", "prepare_params"]
