@@ -107,9 +107,15 @@ class KernelLauncher:
     def symbol_text(self, env: dict[str, int]) -> str:
         return ", ".join(f"{k} = {v}" for k, v in sorted(env.items())) or "no symbols"
 
+    array_kind = "numpy"
+
+    def array_class(self) -> type:
+        """The array type this target's kernels take (numpy here, CuPy for CUDA)."""
+        return np.ndarray
+
     def check_array(self, p: ir.BufferParam, value: Any) -> None:
-        if not isinstance(value, np.ndarray):
-            raise self.fail(f"'{p.name}' must be a numpy array, got {type(value).__name__}")
+        if not isinstance(value, self.array_class()):
+            raise self.fail(f"'{p.name}' must be a {self.array_kind} array, got {type(value).__name__}")
         allowed = (np.dtype(STORAGE[p.dtype]),) + ((np.dtype(np.uint16),) if p.dtype == "f16" else ())
         if value.dtype not in allowed:
             raise self.fail(f"'{p.name}' is {p.dtype}: expected a {allowed[0]} array, got {value.dtype}")
@@ -117,6 +123,9 @@ class KernelLauncher:
             raise self.fail(f"'{p.name}' has {len(p.dims)} dimensions, got an array of {value.ndim}")
         if not value.flags.c_contiguous:
             raise self.fail(f"'{p.name}' must be C-contiguous")
+        self.check_writable(p, value)
+
+    def check_writable(self, p: ir.BufferParam, value: Any) -> None:
         if p.writable and not value.flags.writeable:
             raise self.fail(f"'{p.name}' is written by the kernel, but the array is read-only")
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from loomc.ir import module as ir
-from loomc.lower.lanes import _declared_names, reduction, refs, rewrite
+from loomc.lower.lanes import FreshNames, _declared_names, reduction, refs, rewrite
 from loomc.lower.scalars import add, mul
 
 BLOCK = 4
@@ -117,18 +117,7 @@ def _blockable_lane(loop: ir.ParallelFor) -> int | None:
     return None
 
 
-class _Jammer:
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def fresh(self, base: str) -> str:
-        candidate, n = base, 0
-        while candidate in self.names:
-            n += 1
-            candidate = f"{base}_{n}"
-        self.names.add(candidate)
-        return candidate
-
+class _Jammer(FreshNames):
     def block_lane(self, loop: ir.ParallelFor, index: int) -> ir.ParallelFor:
         lane = loop.lanes[index]
         i64 = lambda v: ir.Const("i64", v)

@@ -111,7 +111,10 @@ def _declared_names(kernel: ir.Kernel) -> set[str]:
     return names
 
 
-class _Splitter:
+class FreshNames:
+    """Hands out variable names no kernel variable uses yet (`base`, `base_1`, ...), for the
+    passes that introduce locals (`lanes`, `jam`)."""
+
     def __init__(self, names: set[str]):
         self.names = names
 
@@ -123,6 +126,8 @@ class _Splitter:
         self.names.add(candidate)
         return candidate
 
+
+class _Splitter(FreshNames):
     def block(self, body: tuple) -> tuple:
         out: list = []
         for s in body:

@@ -106,8 +106,11 @@ class _HostFunction:
 
 
 class _HostLauncher(loomrt_cuda.CudaKernelLauncher):
-    def check_array(self, p, value):  # numpy arrays stand in for device arrays
-        KernelLauncher.check_array(self, p, value)
+    """numpy arrays stand in for device arrays, with the CPU launcher's checks."""
+
+    array_kind = KernelLauncher.array_kind
+    array_class = KernelLauncher.array_class
+    check_writable = KernelLauncher.check_writable
 
 
 def compile_on_host(groups: dict[str, ir.KernelGroup], build_dir: Path) -> dict:
