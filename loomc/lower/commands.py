@@ -21,7 +21,7 @@ from typing import Any
 
 from loomc.check import CheckedProgram
 from loomc.check import types as T
-from loomc.check.commands import motif_decls, param_type, state_type
+from loomc.check.commands import motif_decls, motif_module, param_type, state_type
 from loomc.check.core import Core
 from loomc.check.kernels import shape_symbols, signature
 from loomc.check.program import ModuleInfo
@@ -29,6 +29,7 @@ from loomc.check.shapes import Dim
 from loomc.ir import interpret
 from loomc.ir import module as ir
 from loomc.lower.kernels import lower_kernel
+from loomc.lower.names import FreshNames
 from loomc.lower.scalars import Binding, LoweringError, ScalarLowerer, const, dim_expr
 from loomc.syntax import ast
 
@@ -162,7 +163,7 @@ class Specializer:
         self.kernels: dict[str, ir.KernelGroup] = {}
         self.params: dict[str, TensorSpec] = {}
         self.states: dict[str, TensorSpec] = {}
-        self.scratch_names: set[str] = set()
+        self.scratch_names = FreshNames()
         self.depth = 0
 
     # ---- top level --------------------------------------------------------------------
@@ -213,7 +214,7 @@ class Specializer:
             symbols: set[str] = set()
             t = self.core.tensor_type(frame.info, s.type, symbols)
             dims = tuple(d.substitute(frame.symbols) for d in t.dims)
-            name = self.unique(s.name)
+            name = self.scratch_names.fresh(s.name)
             self.scratch.append(TensorSpec(name, t.dtype, dims))
             frame.names[-1][s.name] = TensorRef("scratch", name, t.dtype, dims)
         elif isinstance(s, ast.Let):
@@ -242,13 +243,6 @@ class Specializer:
         else:
             raise LoweringError(frame.info.path, s.span, f"{type(s).__name__} cannot be lowered in a command")
 
-    def unique(self, name: str) -> str:
-        candidate, n = name, 0
-        while candidate in self.scratch_names:
-            n += 1
-            candidate = f"{name}_{n}"
-        self.scratch_names.add(candidate)
-        return candidate
 
     # ---- calls ------------------------------------------------------------------------
 
@@ -258,7 +252,7 @@ class Specializer:
         source = ir.Source(frame.info.path, e.span.line)
         if sym is None:
             motif = motif_decls()[name]
-            sig = signature(self.core, frame.info, motif.args, "motif")
+            sig = signature(self.core, motif_module(), motif.args, "motif")
             operands = self.operands(frame, e.args, sig)
             self.dispatches.append(Dispatch("matmul", name, operands, source))
             return

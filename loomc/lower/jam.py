@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 
 from loomc.ir import module as ir
-from loomc.lower.lanes import FreshNames, _declared_names, reduction, refs, rewrite
+from loomc.lower.lanes import _declared_names, reduction, refs, rewrite
+from loomc.lower.names import FreshNames
 from loomc.lower.scalars import add, mul
 
 BLOCK = 4

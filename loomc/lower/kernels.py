@@ -22,6 +22,7 @@ from loomc.check.core import Core
 from loomc.check.kernels import shape_symbols, signature
 from loomc.check.program import MOTIFS_DIR, ModuleInfo
 from loomc.ir import module as ir
+from loomc.lower.names import FreshNames
 from loomc.ir.verifier import verify_group
 from loomc.lower import jam, lanes
 from loomc.lower.scalars import (
@@ -78,12 +79,7 @@ class KernelLowerer(ScalarLowerer):
         return b
 
     def fresh(self, name: str) -> str:
-        candidate, n = name, 0
-        while candidate in self.used:
-            n += 1
-            candidate = f"{name}_{n}"
-        self.used.add(candidate)
-        return candidate
+        return FreshNames(self.used).fresh(name)
 
     def bind(self, source_name: str, b: Binding) -> None:
         self.scopes[-1][source_name] = b

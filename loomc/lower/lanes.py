@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 from loomc.ir import module as ir
+from loomc.lower.names import FreshNames
 
 CHUNK = 32  # elements per outer step: one quantized block
 HALF = 16  # lanes per inner loop
@@ -109,22 +110,6 @@ def _declared_names(kernel: ir.Kernel) -> set[str]:
 
     walk(kernel.body)
     return names
-
-
-class FreshNames:
-    """Hands out variable names no kernel variable uses yet (`base`, `base_1`, ...), for the
-    passes that introduce locals (`lanes`, `jam`)."""
-
-    def __init__(self, names: set[str]):
-        self.names = names
-
-    def fresh(self, base: str) -> str:
-        candidate, n = base, 0
-        while candidate in self.names:
-            n += 1
-            candidate = f"{base}_{n}"
-        self.names.add(candidate)
-        return candidate
 
 
 class _Splitter(FreshNames):
