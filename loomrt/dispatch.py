@@ -29,22 +29,13 @@ from loomc.check.shapes import Dim
 from loomc.ir import interpret
 from loomc.ir import module as ir
 from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, refs_arguments
+from loomrt.errors import BindingError, DispatchError, StageInputError
 from loomrt.launch import STORAGE, KernelLauncher, logical_dim, storage_shape
 
 ARENA_ALIGN = 64
 MAX_SHAPE_PLANS = 8
 
 
-class DispatchError(ValueError):
-    """A stage call that cannot run as given (the runtime's error hierarchy will wrap these)."""
-
-
-class StageInputError(DispatchError):
-    """An input is missing, unknown, or disagrees with the stage's declared dtype or shape."""
-
-
-class BindingError(DispatchError):
-    """A param or state array disagrees with its declaration."""
 
 
 def dim_value(d: Dim, env: Mapping[str, int]) -> int:

@@ -13,6 +13,10 @@ in one place, and anything that is not a `LoomError` becomes a 500 there.
     ├── PolicyFailure               4xx/5xx chosen by control code with fail(status, message)
     ├── CheckpointError             500: a checkpoint file cannot be read, or lacks a tensor
     │   └── PrepareError                a param's preparation failed or disagrees with its declaration
+    ├── DispatchError               500: a stage call or kernel launch that cannot run as given
+    │   ├── StageInputError             an input missing, unknown, or of the wrong dtype/shape
+    │   ├── BindingError                a param or state array that disagrees with its declaration
+    │   └── KernelArgumentError         a kernel argument that does not fit its signature
     └── VmError                     500: control code went wrong; the message starts with path:line:col
         ├── VmRuntimeError              a dynamic type error, a missing key, a bad index, ...
         ├── VmBudgetExceeded            instruction budget or call depth used up
@@ -106,6 +110,32 @@ class PrepareError(CheckpointError):
     code = "prepare_error"
 
 
+class DispatchError(LoomError, ValueError):
+    """A stage call or kernel launch that cannot run as given. The host builds these calls, so a
+    mismatch is the server's bug (or the package's), never the client's: 500. Also a ValueError,
+    for callers that validate shapes generically."""
+
+    status, type, code = 500, "internal_error", "dispatch_error"
+
+
+class StageInputError(DispatchError):
+    """An input is missing, unknown, or disagrees with the stage's declared dtype or shape."""
+
+    code = "stage_input_error"
+
+
+class BindingError(DispatchError):
+    """A param or state array disagrees with its declaration."""
+
+    code = "binding_error"
+
+
+class KernelArgumentError(DispatchError):
+    """An argument does not fit the kernel's signature; names the kernel, the argument and the numbers."""
+
+    code = "kernel_argument_error"
+
+
 class VmError(LoomError):
     """Control code failed at run time. `locate` prefixes the source position once.
 
@@ -149,7 +179,7 @@ class VmExpectFailed(VmError):
 
 
 __all__ = [
-    "CheckpointError", "Conflict", "InvalidRequest", "LocatorNotFound", "LoomError", "NotFound", "PolicyFailure",
-    "PrepareError", "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError",
-    "type_for_status",
+    "BindingError", "CheckpointError", "Conflict", "DispatchError", "InvalidRequest", "KernelArgumentError",
+    "LocatorNotFound", "LoomError", "NotFound", "PolicyFailure", "PrepareError", "StageInputError",
+    "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
 ]

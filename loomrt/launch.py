@@ -21,6 +21,7 @@ import numpy as np
 
 from loomc.ir import interpret
 from loomc.ir import module as ir
+from loomrt.errors import KernelArgumentError
 
 STORAGE = {"bool": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
            "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
@@ -28,8 +29,6 @@ STORAGE = {"bool": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i
            "q4_0": np.uint8, "q4_1": np.uint8, "q8_0": np.uint8}
 
 
-class KernelArgumentError(ValueError):
-    """An argument does not fit the kernel's signature; names the kernel, the argument and the numbers."""
 
 
 def storage_shape(dtype: str, dims: Sequence[int]) -> tuple[int, ...]:
