@@ -18,8 +18,8 @@ def main() -> None:
 def serve(documents: tuple[str, ...], listen: tuple[str, ...]) -> None:
     """Serve model documents over HTTP (not built yet)."""
     click.echo(
-        "loomd: serving is not built yet. The language front end (`loomc check`, `loomc fmt`) works today;\n"
-        "the runtime and the HTTP daemon arrive with the runtime-core and daemon-core issues.",
+        "loomd: serving is not built yet. The compiler works today (`loomc check|fmt|build|dis|test|emit`);\n"
+        "registrations and the HTTP daemon arrive with the runtime-core and daemon-core issues.",
         err=True,
     )
     sys.exit(1)
