@@ -191,7 +191,9 @@ class _Renderer:
         if dst == "bool":
             return f"({x} != {const(src, 0)})"
         if dst in _HALF:
-            return f"_lm_round_{dst}(np.float32({x}))"
+            # f64 -> f16 rounds once (as interpret and CUDA do); f64 -> bf16 goes through f32 on every target
+            narrow = f"_lm_f32_odd({x})" if (src, dst) == ("f64", "f16") else f"np.float32({x})"
+            return f"_lm_round_{dst}({narrow})"
         return f"{NP_TYPE[dst]}({x})"
 
     def expr_bitcast(self, e: ir.Bitcast) -> str:
