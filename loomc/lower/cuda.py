@@ -52,6 +52,7 @@ import numpy as np
 from loomc import LOOMC_VERSION
 from loomc.ir import interpret
 from loomc.ir import module as ir
+from loomc.lower.render import TargetRenderer
 from loomc.lower.cuda_helpers import C_TYPE, PRELUDE, SAME_WIDTH_UNSIGNED, helpers_for
 
 COMPILE_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
@@ -198,33 +199,17 @@ def _round(text: str, dtype: str) -> str:
     return f"lm_round_{dtype}({text})" if dtype in _HALF else text
 
 
-class _Renderer:
+class _Renderer(TargetRenderer):
     """Renders IR to C. `expr_*`/`stmt_*` methods are the table keyed by node kind."""
 
+    temp_prefix = "lm_"
+    const = staticmethod(const)
+    var = staticmethod(var)
+
     def __init__(self, kernel: ir.Kernel | None = None):
-        self.kernel = kernel
-        self.quant = {} if kernel is None else {
-            p.name: p.dtype for p in kernel.params if isinstance(p, ir.BufferParam) and p.dtype in ir.QUANT_DTYPES}
+        super().__init__(kernel)
         self.mutable: set[str] = set()
         self.local_arrays: set[str] = set()
-        self.lines: list[str] = []
-        self.temps = 0
-
-    def add(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
-
-    def temp(self, base: str) -> str:
-        self.temps += 1
-        return f"lm_{base}{self.temps}"
-
-    def expr(self, e: ir.Expr) -> str:
-        return getattr(self, "expr_" + type(e).__name__.lower())(e)
-
-    def expr_const(self, e: ir.Const) -> str:
-        return const(e.dtype, e.value)
-
-    def expr_ref(self, e: ir.Ref) -> str:
-        return var(e.name)
 
     def expr_unary(self, e: ir.Unary) -> str:
         x, t = self.expr(e.x), e.dtype

@@ -42,6 +42,7 @@ import numpy as np
 
 from loomc import LOOMC_VERSION
 from loomc.ir import module as ir
+from loomc.lower.render import TargetRenderer
 from loomc.ir.interpret import to_dtype
 from loomc.lower.numba_helpers import IMPORTS, helpers_for
 from loomc.lower.scalars import add, mul
@@ -117,33 +118,14 @@ def _has_loop(body: tuple) -> bool:
     return False
 
 
-class _Renderer:
+class _Renderer(TargetRenderer):
     """Renders one IR kernel. `expr_*`/`stmt_*` methods are the table keyed by node kind."""
 
-    def __init__(self, kernel: ir.Kernel):
-        self.kernel = kernel
-        self.quant = {p.name: p.dtype for p in kernel.params
-                      if isinstance(p, ir.BufferParam) and p.dtype in ir.QUANT_DTYPES}
-        self.lines: list[str] = []
-        self.temps = 0
-
-    def add(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
-
-    def temp(self, base: str) -> str:
-        self.temps += 1
-        return f"_{base}{self.temps}"
+    temp_prefix = "_"
+    const = staticmethod(const)
+    var = staticmethod(var)
 
     # ---- expressions ------------------------------------------------------------------------
-
-    def expr(self, e: ir.Expr) -> str:
-        return getattr(self, "expr_" + type(e).__name__.lower())(e)
-
-    def expr_const(self, e: ir.Const) -> str:
-        return const(e.dtype, e.value)
-
-    def expr_ref(self, e: ir.Ref) -> str:
-        return var(e.name)
 
     def expr_unary(self, e: ir.Unary) -> str:
         x = self.expr(e.x)
