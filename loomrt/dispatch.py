@@ -192,6 +192,16 @@ class CommandProgram:
     def num_dispatches(self) -> int:
         return len(self.plan.dispatches)
 
+    def scratch_bytes(self) -> int:
+        """Bytes held by this program's cached per-shape buffers (arena, inputs, results)."""
+        if self._bound is None:
+            return 0
+        total = 0
+        for plan in self._bound[1].plans.values():
+            total += plan.arena_bytes + sum(b.nbytes for b in plan.inputs.values())
+            total += sum(b.nbytes for b in plan.results.values())
+        return total
+
     def parts(self, dispatch: Dispatch) -> int:
         return 1 if dispatch.kind == "matmul" else len(self.launchers[dispatch.callee].functions)
 

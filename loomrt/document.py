@@ -454,4 +454,32 @@ def _components(value: Any, r: _Resolver) -> ImageComponent:
     )
 
 
-__all__ = ["FIELDS", "FileRef", "ImageComponent", "KINDS", "ModelDocument", "parse_document"]
+def resolve_sources(value: Any, *, base_directory: Any = None, package: PackageFiles | None = None,
+                    origin: str = "request.json") -> tuple[FileRef, ...]:
+    """A variant staging request's `sources`: inside its uploaded `package` (relative to
+    `origin`'s directory) when there is one; otherwise absolute paths and locators, or
+    relative paths under an absolute `base_directory`."""
+    if base_directory is not None:
+        base_directory = _string("base_directory", base_directory)
+        problem = reference_problem(base_directory) or (
+            None if base_directory.startswith("/") else f"must be an absolute path, got {_shown(base_directory)}")
+        if problem:
+            raise _fail("base_directory", problem)
+    if package is not None:
+        return _path_list("sources", value, _Resolver(package, origin, None).code)
+    resolver = _Resolver(None, "/", None)
+
+    def server(path: str, ref: Any) -> FileRef:
+        ref = _string(path, ref)
+        local = resolver._server_local(path, ref)
+        if local is not None:
+            return local
+        if base_directory is None:
+            raise _fail(path, f"relative path {ref!r} needs an absolute base_directory (or upload the sources "
+                              "as a package)")
+        return FileRef(ref, "server", posixpath.normpath(posixpath.join(base_directory, ref)))
+
+    return _path_list("sources", value, server)
+
+
+__all__ = ["FIELDS", "FileRef", "ImageComponent", "KINDS", "ModelDocument", "parse_document", "resolve_sources"]

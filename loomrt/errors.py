@@ -10,6 +10,13 @@ in one place, and anything that is not a `LoomError` becomes a 500 there.
     ├── NotFound                    404 invalid_request_error
     │   └── LocatorNotFound             a `package:MODULE/path` locator names no installed file
     ├── Conflict                    409 invalid_request_error
+    ├── Gone                        410: the registration was removed while the caller waited
+    ├── CompileError                422: source that does not compile; carries every diagnostic
+    ├── TooManyRequests             429: a bounded pool (variants, observation credit) is full
+    ├── NotImplementedFeature       501: the deployment does not offer this capability
+    ├── Unavailable                 503: the deployment does not admit work now (drained, removing)
+    │   ├── QueueFull                   its bounded pending queue is full
+    │   └── DeviceMemoryExhausted       a device budget cannot fit what must be resident
     ├── PolicyFailure               4xx/5xx chosen by control code with fail(status, message)
     ├── CheckpointError             500: a checkpoint file cannot be read, or lacks a tensor
     │   └── PrepareError                a param's preparation failed or disagrees with its declaration
@@ -72,6 +79,54 @@ class LocatorNotFound(NotFound):
 
 class Conflict(LoomError):
     status, type, code = 409, "invalid_request_error", "conflict"
+
+
+class Gone(LoomError):
+    status, type, code = 410, "invalid_request_error", "model_removed"
+
+
+class CompileError(LoomError):
+    """Source that does not compile. `diagnostics` are `loomc` diagnostics (file:line:col);
+    the message is the summary followed by each diagnostic's header line, so the one
+    string a client or log sees names every position."""
+
+    status, type, code = 422, "invalid_request_error", "compile_error"
+
+    def __init__(self, summary: str, diagnostics: list | tuple = (), sources: dict[str, str] | None = None):
+        self.summary = summary
+        self.diagnostics = list(diagnostics)
+        self.sources = dict(sources or {})
+        lines = [d.header() for d in self.diagnostics[:MAX_DIAGNOSTIC_LINES]]
+        if len(self.diagnostics) > MAX_DIAGNOSTIC_LINES:
+            lines.append(f"... and {len(self.diagnostics) - MAX_DIAGNOSTIC_LINES} more")
+        super().__init__("\n".join([summary] + lines))
+
+    def rendered(self) -> list[str]:
+        """Every diagnostic with its source line and caret (for detailed records)."""
+        return [d.render(self.sources.get(d.path)) for d in self.diagnostics]
+
+
+MAX_DIAGNOSTIC_LINES = 20
+
+
+class TooManyRequests(LoomError):
+    status, type, code = 429, "invalid_request_error", "capacity_exhausted"
+
+
+class NotImplementedFeature(LoomError):
+    status, type, code = 501, "invalid_request_error", "not_implemented"
+
+
+class Unavailable(LoomError):
+    status, type, code = 503, "internal_error", "model_unavailable"
+
+
+class QueueFull(Unavailable):
+    code = "queue_full"
+
+
+class DeviceMemoryExhausted(Unavailable):
+    code = "device_memory_exhausted"
 
 
 class PolicyFailure(LoomError):
@@ -179,7 +234,8 @@ class VmExpectFailed(VmError):
 
 
 __all__ = [
-    "BindingError", "CheckpointError", "Conflict", "DispatchError", "InvalidRequest", "KernelArgumentError",
-    "LocatorNotFound", "LoomError", "NotFound", "PolicyFailure", "PrepareError", "StageInputError",
+    "BindingError", "CheckpointError", "CompileError", "Conflict", "DeviceMemoryExhausted", "DispatchError", "Gone",
+    "InvalidRequest", "KernelArgumentError", "LocatorNotFound", "LoomError", "NotFound", "NotImplementedFeature",
+    "PolicyFailure", "PrepareError", "QueueFull", "StageInputError", "TooManyRequests", "Unavailable",
     "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
 ]

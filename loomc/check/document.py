@@ -8,6 +8,7 @@ document. Relative code paths resolve against the document's directory.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,41 @@ def load_document(path: Path) -> CheckedProgram:
         doc_error("config", "L0701", "'config' must be an object of overrides")
         overrides = {}
     overrides = _check_overrides(program, overrides, text, doc_error)
+    return _check_roles(program, reporter, control, prepare, sources, overrides, doc)
+
+
+def load_roles(origin: str, control: Path, prepare: list[Path], sources: list[Path],
+               overrides: dict[str, Any], packages: Mapping[str, Mapping[str, bytes]] | None = None
+               ) -> CheckedProgram:
+    """Check the code a runtime model document names: the same program `load_document` builds,
+    from paths already resolved (package members under `package_path`, one namespace per
+    package in `packages`), with its config
+    overrides. Override problems are reported at `origin`, the document's name."""
+    reporter = Reporter()
+    program = Program(reporter, packages)
+
+    def load(paths: list[Path]) -> list:
+        loaded = []
+        for path in paths:
+            if not program._exists(path):
+                reporter.add(Diagnostic(origin, 1, 1, "L0702", f"cannot find {program._shown(path)}"))
+                continue
+            info = program.load(path)
+            if info is not None:
+                loaded.append(info)
+        return loaded
+
+    control_infos, prepare_infos, source_infos = load([control]), load(prepare), load(sources)
+
+    def doc_error(key: str, code: str, message: str, after: int = 0) -> None:
+        reporter.add(Diagnostic(origin, 1, 1, code, message))
+
+    valid = _check_overrides(program, dict(overrides), "", doc_error)
+    return _check_roles(program, reporter, control_infos, prepare_infos, source_infos, valid, None)
+
+
+def _check_roles(program: Program, reporter: Reporter, control: list, prepare: list, sources: list,
+                 overrides: dict[str, Any], doc: dict[str, Any] | None) -> CheckedProgram:
     core = check_program(program, overrides)
     for info in sources:
         for item in info.module.items:

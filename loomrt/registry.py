@@ -1,0 +1,597 @@
+"""Registrations and their lifecycle: the runtime's API between model documents and ready services.
+
+    registering → compiling → preparing → ready          (admission "open")
+    registering → compiling → deferred  → preparing → ready   (admission "drained": preparation
+                                          waits for undrain or an explicit activate)
+    any of them → failed (the error retained) ;  any → removing → gone (re-registrable)
+
+Every call returns at once: compilation, weight preparation, residency operations and
+removal run on worker threads, so an event loop calling this never blocks on them. Calls
+that start work return a `concurrent.futures.Future` (await it with `asyncio.wrap_future`);
+`wait_for` / `until` wait for any state with a deadline, woken by every change. Every
+change is also an event (`events`, and the `listeners` callbacks) for logs and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from loomrt.checkpoints import open_checkpoint
+from loomrt.compiler import Executables, code_path, compile_deployment
+from loomrt.devices import Devices, parse_device_key
+from loomrt.document import ModelDocument, parse_document, resolve_sources
+from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomError, NotFound,
+                           NotImplementedFeature, PrepareError, TooManyRequests, Unavailable)
+from loomrt.package import PackageFiles
+from loomrt.prepare import prepare_params
+from loomrt.residency import Component, Residency
+from loomrt.services.base import Job, StageService
+from loomrt.state import allocate_state, host_sizes, state_bytes
+from loomrt.variants import Variant, VariantTable, next_variant_id
+
+COMPONENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+MAX_EVENTS = 4096
+
+
+class Registration:
+    """One registered deployment. Fields change under the registry's lock only."""
+
+    def __init__(self, document: ModelDocument, package: PackageFiles | None):
+        self.document = document
+        self.name = document.model
+        self.package = package                     # retained until the model retires
+        self.created = time.time()
+        self.phase = "registering"
+        self.admission = document.admission
+        self.error: LoomError | None = None
+        self.progress: dict[str, Any] = {}
+        self.executables: Executables | None = None
+        self.service: StageService | None = None
+        self.components: dict[str, Component] = {}
+        self.variants = VariantTable(document.variant_capacity) if document.variant_capacity else None
+        self.removing: str | None = None
+        self.removed: Future = Future()            # resolves when the name is free again
+        self.withdrawn = Future()                  # set when unregister starts: waiting readers leave
+        self.tasks: list[Future] = []              # compile, prepare and variant work in flight
+        self.state_bytes = 0
+
+    @property
+    def prepared(self) -> bool:
+        return self.phase == "ready"
+
+    def declared_components(self) -> tuple[str, ...]:
+        return ("primary", "image") if self.document.image is not None else ("primary",)
+
+    def status(self) -> dict[str, Any]:
+        doc = self.document
+        out: dict[str, Any] = {
+            "model": self.name, "kind": doc.kind, "phase": self.phase, "admission": self.admission,
+            "removing": self.removing, "created": int(self.created), "device": doc.device,
+            "progress": dict(self.progress), "error": None,
+            "components": [c.describe() for c in self.components.values()],
+        }
+        if self.error is not None:
+            out["error"] = {"code": self.error.code, "message": self.error.message, "status": self.error.status}
+        if self.variants is not None and self.phase == "ready":
+            out["variants"] = self.variants.summary()
+        if self.service is not None:
+            out["scheduler"] = self.service.counts()
+            out["state_bytes"] = self.state_bytes
+        return out
+
+
+class Registry:
+    """All registrations of one server process, their devices and their residency."""
+
+    def __init__(self, devices: Devices | None = None, *, workers: int = 2, cache_dir: Path | None = None):
+        self.devices = devices or Devices()
+        self.residency = Residency(self.devices)
+        self.cache_dir = cache_dir
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="loom-build")
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._regs: dict[str, Registration] = {}
+        self._variant_owner: dict[int, str] = {}
+        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    # ---- observation -----------------------------------------------------------------------
+
+    def _event(self, reg: Registration, event: str, **fields: Any) -> None:
+        record = {"time": time.time(), "event": event, "model": reg.name, "phase": reg.phase, **fields}
+        with self._changed:
+            self.events.append(record)
+            self._changed.notify_all()
+        for listener in list(self.listeners):
+            try:
+                listener(record)
+            except Exception:  # pragma: no cover - a broken listener must not break the lifecycle
+                pass
+
+    def _set_phase(self, reg: Registration, phase: str, **fields: Any) -> None:
+        with self._lock:
+            reg.phase = phase
+        self._event(reg, phase, **fields)
+
+    def get(self, name: Any) -> Registration:
+        with self._lock:
+            reg = self._regs.get(name) if isinstance(name, str) else None
+        if reg is None:
+            raise NotFound(f"model {name!r} is not registered", param="model")
+        return reg
+
+    def registrations(self) -> list[Registration]:
+        with self._lock:
+            return list(self._regs.values())
+
+    def models(self) -> list[Registration]:
+        """What discovery lists: prepared deployments not being removed (drained or evicted included)."""
+        return [r for r in self.registrations() if r.prepared and r.removing is None]
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"registrations": [r.status() for r in self._regs.values()],
+                    "devices": self.devices.accounting()}
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until `predicate()` holds (checked after every lifecycle change), or the deadline."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 0.5))
+            return True
+
+    async def until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        return await asyncio.to_thread(self.wait_for, predicate, timeout)
+
+    # ---- registration ---------------------------------------------------------------------------
+
+    def register(self, document: ModelDocument | str | bytes, *, package: PackageFiles | None = None,
+                 origin: str = "request.json") -> Registration:
+        """Validate the document and start compiling; returns at once (HTTP 202)."""
+        doc = document if isinstance(document, ModelDocument) else parse_document(
+            document, package=package, origin=origin)
+        with self._lock:
+            existing = self._regs.get(doc.model)
+            if existing is not None:
+                what = "is being removed" if existing.removing else "is already registered"
+                raise Conflict(f"model '{doc.model}' {what}", param="model")
+            reg = Registration(doc, package)
+            self._regs[doc.model] = reg
+        self._event(reg, "registering", kind=doc.kind)
+        self._spawn(reg, self._build, reg)
+        return reg
+
+    def _spawn(self, reg: Registration, fn: Callable, *args: Any) -> Future:
+        future = self._pool.submit(fn, *args)
+        with self._lock:
+            reg.tasks.append(future)
+        future.add_done_callback(lambda f: self._task_done(reg, f))
+        return future
+
+    def _task_done(self, reg: Registration, future: Future) -> None:
+        with self._changed:
+            if future in reg.tasks:
+                reg.tasks.remove(future)
+            self._changed.notify_all()
+
+    def _fail(self, reg: Registration, error: LoomError) -> None:
+        with self._lock:
+            reg.error = error
+        self._set_phase(reg, "failed", code=error.code, message=error.message)
+
+    def _build(self, reg: Registration) -> None:
+        doc = reg.document
+        try:
+            device = self.devices.get(doc.device)
+            if reg.removing:
+                return
+            self._set_phase(reg, "compiling")
+            ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir)
+            host_sizes(ex, doc)  # a state layout the host cannot size fails now, not at first use
+            with self._lock:
+                reg.executables = ex
+                reg.progress = {"stages": len(ex.programs)}
+                reg.components["primary"] = Component(doc.model, "primary", device,
+                                                      lambda: self._prepare(reg, "primary"))
+                if doc.image is not None:
+                    reg.components["image"] = Component(doc.model, "image", device,
+                                                        lambda: self._prepare(reg, "image"))
+                for component in reg.components.values():
+                    self.residency.add(component)
+                if reg.variants is not None:
+                    first = Variant(next_variant_id(), None, "compiling", ex.sources)
+                    first.finish(ex)
+                    first.users = 1
+                    reg.variants.add(first)
+                    reg.variants.selected = first.id
+                    self._variant_owner[first.id] = reg.name
+            if reg.removing:
+                return
+            if reg.admission == "drained":
+                self._set_phase(reg, "deferred")
+                return
+            self._prepare_service(reg)
+        except LoomError as exc:
+            self._fail(reg, exc)
+        except Exception as exc:  # a bug below us: keep it visible on the registration
+            self._fail(reg, LoomError(f"internal error while building model '{doc.model}': "
+                                      f"{type(exc).__name__}: {exc}"))
+
+    def _prepare(self, reg: Registration, component: str) -> dict[str, Any]:
+        """Run the component's `prepare` program against its checkpoint (once per activation)."""
+        doc, ex = reg.document, reg.executables
+        prepares = ex.checked.roles.get("prepare", [])
+        main = 1 if doc.prepare is not None else 0
+        if component == "primary":
+            modules, checkpoint = prepares[:main], doc.checkpoint
+        else:
+            modules, checkpoint = prepares[main:], doc.image.checkpoint
+        checked = dataclasses.replace(ex.checked, roles={**ex.checked.roles, "prepare": modules})
+        has_params = any(True for info in modules for item in info.module.items
+                         if type(item).__name__ == "Param")
+        if not has_params:
+            return {}
+        if checkpoint is None:
+            raise PrepareError(f"model '{doc.model}' declares params but its document names no checkpoint",
+                               param="checkpoint")
+        with open_checkpoint(code_path(checkpoint)) as ckpt:
+            return prepare_params(checked, ckpt)
+
+    def _prepare_service(self, reg: Registration) -> None:
+        self._set_phase(reg, "preparing")
+        component = reg.components["primary"]
+        self.residency.load(component)
+        state = allocate_state(reg.executables, reg.document)
+        owner = f"{reg.name}/primary"
+        with self._lock:
+            reg.state_bytes = state_bytes(state)
+            self.devices.set(component.device.key, owner, "state", reg.state_bytes)
+            if reg.removing:
+                return
+            reg.service = StageService(reg.name, reg.executables, component, self.residency, state,
+                                       reg.document.pending_capacity,
+                                       variant=reg.variants.selected if reg.variants else None)
+        self._set_phase(reg, "ready")
+
+    # ---- admission ----------------------------------------------------------------------------
+
+    def submit(self, name: str, job: Job) -> Future:
+        """Queue a job on the deployment's service (HTTP inference goes through here)."""
+        reg = self.get(name)
+        with self._lock:
+            if reg.removing:
+                raise Unavailable(f"model '{name}' is being removed")
+            if reg.phase == "failed":
+                raise Unavailable(f"model '{name}' failed to load: {reg.error.message}")
+            if reg.admission == "drained":
+                raise Unavailable(f"model '{name}' is drained and admits no requests")
+            if reg.phase != "ready":
+                raise Unavailable(f"model '{name}' is not ready yet ({reg.phase})")
+            return reg.service.submit(job)
+
+    def drain(self, name: str) -> Registration:
+        return self._gate(name, "drained")
+
+    def undrain(self, name: str) -> Registration:
+        reg = self._gate(name, "open")
+        with self._lock:
+            start = reg.phase == "deferred"
+            if start:
+                reg.phase = "preparing"
+        if start:
+            self._spawn(reg, self._guarded, reg, self._prepare_service, reg)
+        return reg
+
+    def _gate(self, name: str, admission: str) -> Registration:
+        reg = self.get(name)
+        with self._lock:
+            if reg.removing:
+                raise Conflict(f"model '{name}' is being removed")
+            reg.admission = admission
+        self._event(reg, admission)
+        return reg
+
+    def _guarded(self, reg: Registration, fn: Callable, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except LoomError as exc:
+            if fn == self._prepare_service:
+                self._fail(reg, exc)
+            raise
+        except Exception as exc:
+            error = LoomError(f"internal error in model '{reg.name}': {type(exc).__name__}: {exc}")
+            if fn == self._prepare_service:
+                self._fail(reg, error)
+            raise error from exc
+
+    # ---- removal ------------------------------------------------------------------------------
+
+    def unregister(self, name: str, mode: str = "drain") -> Future:
+        """Start removal (HTTP 202): `drain` finishes accepted work, `abort` cancels it at the
+        next step boundary. The future resolves when the name can be registered again."""
+        if mode not in ("drain", "abort"):
+            raise InvalidRequest(f"mode: expected \"drain\" or \"abort\", got {mode!r}", param="mode")
+        reg = self.get(name)
+        with self._lock:
+            again = reg.removing is not None
+            if again and not (reg.removing == "drain" and mode == "abort"):
+                return reg.removed
+            reg.removing = mode
+            reg.phase = "removing"
+            service = reg.service
+            if not reg.withdrawn.done():
+                reg.withdrawn.set_result(None)
+        self._event(reg, "removing", mode=mode)
+        if again:
+            if service is not None:
+                service.stop(mode)
+            return reg.removed
+        threading.Thread(target=self._remove, args=(reg,), name=f"loom-remove-{name}", daemon=True).start()
+        return reg.removed
+
+    def _remove(self, reg: Registration) -> None:
+        while True:  # join the compiler's actual work on this model before releasing it
+            with self._lock:
+                tasks = [t for t in reg.tasks if not t.done()]
+            if not tasks:
+                break
+            wait(tasks)
+        with self._lock:
+            service = reg.service
+        if service is not None:
+            service.stop(reg.removing).result()
+        with self._lock:
+            for component in reg.components.values():
+                self.residency.retire(component)
+            self.devices.release_owner(f"{reg.name}/primary")
+            for component in reg.components:
+                self.devices.release_owner(f"{reg.name}/{component}")
+            if reg.variants is not None:
+                for vid in reg.variants.records:
+                    self._variant_owner.pop(vid, None)
+            if self._regs.get(reg.name) is reg:
+                del self._regs[reg.name]
+        self._event(reg, "removed")
+        reg.removed.set_result(reg.name)
+
+    # ---- residency ------------------------------------------------------------------------------
+
+    def _component(self, reg: Registration, component: Any) -> Component:
+        if not isinstance(component, str) or not COMPONENT_NAME.match(component):
+            raise InvalidRequest(f"component: expected a component name such as \"primary\", got {component!r}",
+                                 param="component")
+        if component not in reg.declared_components():
+            raise NotFound(f"model '{reg.name}' declares no component '{component}' "
+                           f"(it has: {', '.join(reg.declared_components())})", param="component")
+        found = reg.components.get(component)
+        if found is None:
+            raise Conflict(f"model '{reg.name}' is {reg.phase}; its components exist once it compiled")
+        return found
+
+    def _residency_target(self, name: str, component: Any) -> tuple[Registration, Component]:
+        reg = self.get(name)
+        with self._lock:
+            comp = self._component(reg, component)
+            if reg.removing or reg.phase not in ("deferred", "ready"):
+                raise Conflict(f"model '{name}' is {reg.phase}: residency operations need a healthy registration")
+            if reg.admission != "drained":
+                raise Conflict(f"model '{name}' admits requests: drain it before changing residency")
+        return reg, comp
+
+    def activate(self, name: str, component: Any = "primary") -> Future:
+        """Load a component's params now (HTTP 202); a deferred primary prepares its service."""
+        reg, comp = self._residency_target(name, component)
+        with self._lock:
+            deferred = reg.phase == "deferred" and comp.name == "primary"
+            if deferred:
+                reg.phase = "preparing"
+        if deferred:
+            return self._spawn(reg, self._guarded, reg, self._prepare_service, reg)
+        return self._spawn(reg, self._guarded, reg, self._activated, reg, comp)
+
+    def _activated(self, reg: Registration, comp: Component) -> None:
+        self.residency.load(comp)
+        self._event(reg, "activated", component=comp.name)
+
+    def deactivate(self, name: str, component: Any = "primary") -> Future:
+        """Release a component's params once no step uses them (HTTP 202); they reload on use."""
+        reg, comp = self._residency_target(name, component)
+        return self._spawn(reg, self._guarded, reg, self._deactivated, reg, comp)
+
+    def _deactivated(self, reg: Registration, comp: Component) -> None:
+        self.residency.evict(comp)
+        self._event(reg, "deactivated", component=comp.name)
+
+    def pin(self, name: str, component: Any = "primary", pinned: bool = True) -> Registration:
+        reg = self.get(name)
+        with self._lock:
+            comp = self._component(reg, component)
+            if reg.removing:
+                raise Conflict(f"model '{name}' is being removed")
+            self.residency.set_pinned(comp, pinned)
+        self._event(reg, "pinned" if pinned else "unpinned", component=comp.name)
+        return reg
+
+    def unpin(self, name: str, component: Any = "primary") -> Registration:
+        return self.pin(name, component, pinned=False)
+
+    def trim(self, device: Any, target_bytes: Any) -> list[dict[str, Any]]:
+        """Evict what is eligible on `device` down to `target_bytes`; returns its accounting."""
+        key = parse_device_key(device)
+        if isinstance(target_bytes, bool) or not isinstance(target_bytes, int) or target_bytes < 0:
+            raise InvalidRequest(f"target_bytes: expected a non-negative integer, got {target_bytes!r}",
+                                 param="target_bytes")
+        dev = self.devices.get(key)
+        self.residency.trim(dev, target_bytes)
+        return self.devices.accounting(key)
+
+    # ---- variants ---------------------------------------------------------------------------------
+
+    def _variant_host(self, name: str) -> tuple[Registration, VariantTable]:
+        reg = self.get(name)
+        if reg.variants is None:
+            raise NotImplementedFeature(f"model '{name}' has no native variants (its variant_capacity is 0)")
+        if reg.removing or reg.phase != "ready":
+            raise Conflict(f"model '{name}' is {reg.phase}: variants need a healthy prepared service")
+        return reg, reg.variants
+
+    def list_variants(self, name: str, offset: int = 0) -> dict[str, Any]:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidRequest(f"offset: expected a non-negative integer, got {offset!r}", param="offset")
+        with self._lock:
+            reg, table = self._variant_host(name)
+            data, following = table.page(offset)
+            return {"object": "list", "model": name, "selected": table.selected, "count": len(table.records),
+                    "offset": offset, "data": data, "next_offset": following}
+
+    def variant(self, name: str, variant: int) -> dict[str, Any]:
+        with self._lock:
+            reg, table = self._variant_host(name)
+            found = table.records.get(variant)
+            if found is None:
+                raise NotFound(f"model '{name}' has no variant {variant}", param="variant")
+            return found.record(detailed=True)
+
+    def stage_variant(self, name: str, base: int, sources: Any, *, base_directory: str | None = None,
+                      package: PackageFiles | None = None, origin: str = "request.json") -> Variant:
+        """Start compiling a candidate provider set against `base`; never changes the selection."""
+        refs = resolve_sources(sources, base_directory=base_directory, package=package, origin=origin)
+        with self._lock:
+            reg, table = self._variant_host(name)
+            base_record = self._own_variant(reg, table, base, "base")
+            if base_record.phase != "ready":
+                raise Conflict(f"base variant {base} is {base_record.phase}, not ready", param="base")
+            if len(table.records) >= table.capacity:
+                raise TooManyRequests(f"model '{name}' keeps {table.capacity} variants (variant_capacity); "
+                                      "remove one before staging another")
+            candidate = Variant(next_variant_id(), base, "compiling",
+                                tuple(r.path if r.where == "package" else r.authored for r in refs))
+            table.add(candidate)
+            self._variant_owner[candidate.id] = name
+        self._event(reg, "variant_compiling", variant=candidate.id, base=base)
+        self._spawn(reg, self._compile_variant, reg, candidate, base_record, refs, package)
+        return candidate
+
+    def _compile_variant(self, reg: Registration, candidate: Variant, base: Variant, refs, package) -> None:
+        try:
+            ex = compile_deployment(reg.document, reg.package, target=reg.executables.target, sources=refs,
+                                    upload=package, cache_dir=self.cache_dir)
+            problems = base.executables.contract.differences(ex.contract)
+            if problems:
+                raise CompileError(f"the candidate does not keep base variant {base.id}'s contract: "
+                                   + "; ".join(problems))
+            host_sizes(ex, reg.document)
+            candidate.finish(ex)
+        except LoomError as exc:
+            candidate.finish(error=exc)
+        except Exception as exc:
+            candidate.finish(error=LoomError(f"internal error while compiling variant {candidate.id}: "
+                                             f"{type(exc).__name__}: {exc}"))
+        self._event(reg, "variant_" + candidate.phase, variant=candidate.id)
+
+    def wait_variant(self, name: str, variant: Variant, timeout: float | None = None) -> Variant:
+        """Wait for a staged candidate to finish compiling. An unregister withdraws the
+        waiter with `Gone` (the compilation itself still runs to its end)."""
+        reg = self.get(name)
+        wait([variant.done, reg.withdrawn], timeout=timeout, return_when=FIRST_COMPLETED)
+        if not variant.done.done():
+            if reg.withdrawn.done():
+                raise Gone(f"model '{name}' was unregistered while variant {variant.id} compiled")
+            raise Unavailable(f"variant {variant.id} is still compiling")
+        return variant
+
+    def _own_variant(self, reg: Registration, table: VariantTable, vid: Any, what: str) -> Variant:
+        if isinstance(vid, bool) or not isinstance(vid, int):
+            raise InvalidRequest(f"{what}: expected a variant ID (integer), got {vid!r}", param=what)
+        found = table.records.get(vid)
+        if found is None:
+            owner = self._variant_owner.get(vid)
+            if owner is not None and owner != reg.name:
+                raise Conflict(f"variant {vid} belongs to model '{owner}', not '{reg.name}'", param=what)
+            raise NotFound(f"model '{reg.name}' has no variant {vid}", param=what)
+        return found
+
+    def select_variant(self, name: str, variant: Any, expected: Any) -> Future:
+        """Select a ready candidate if `expected` is still the selection; the future resolves
+        with the new selection once the service switched at its safe boundary."""
+        with self._lock:
+            reg, table = self._variant_host(name)
+            if isinstance(expected, bool) or not isinstance(expected, int):
+                raise InvalidRequest(f"expected: expected a variant ID (integer), got {expected!r}",
+                                     param="expected")
+            candidate = self._own_variant(reg, table, variant, "variant")
+            if table.selecting is not None:
+                raise Conflict(f"model '{name}' is already switching to variant {table.selecting}")
+            if expected != table.selected:
+                raise Conflict(f"stale expected variant {expected}: model '{name}' runs variant {table.selected}",
+                               param="expected")
+            if candidate.phase != "ready":
+                raise Conflict(f"variant {candidate.id} is {candidate.phase}; only a ready variant can be selected",
+                               param="variant")
+            done: Future = Future()
+            if candidate.id == table.selected:
+                done.set_result(candidate.id)
+                return done
+            table.selecting = candidate.id
+            candidate.users += 1                       # reserved: removal now conflicts
+            switched = reg.service.select(candidate.executables, candidate.id)
+
+        def applied(f: Future) -> None:
+            with self._lock:
+                table.selecting = None
+                if f.exception() is not None:
+                    candidate.users -= 1
+                else:
+                    previous = table.records.get(table.selected)
+                    if previous is not None:
+                        previous.users -= 1
+                    table.selected = candidate.id
+            if f.exception() is not None:
+                done.set_exception(f.exception())
+            else:
+                self._event(reg, "variant_selected", variant=candidate.id)
+                done.set_result(candidate.id)
+
+        switched.add_done_callback(applied)
+        return done
+
+    def remove_variant(self, name: str, variant: Any) -> int:
+        with self._lock:
+            reg, table = self._variant_host(name)
+            if isinstance(variant, bool) or not isinstance(variant, int):
+                raise InvalidRequest(f"variant: expected a variant ID (integer), got {variant!r}", param="variant")
+            found = table.records.get(variant)
+            if found is None:
+                raise NotFound(f"model '{name}' has no variant {variant}", param="variant")
+            if found.phase == "compiling":
+                raise Conflict(f"variant {variant} is still compiling", param="variant")
+            if found.users:
+                raise Conflict(f"variant {variant} is in use ({found.users} consumer(s))", param="variant")
+            del table.records[variant]
+            self._variant_owner.pop(variant, None)
+        self._event(reg, "variant_removed", variant=variant)
+        return variant
+
+    # ---- shutdown -----------------------------------------------------------------------------------
+
+    def close(self, mode: str = "drain", timeout: float | None = None) -> None:
+        """Remove every registration (finishing or aborting accepted work) and stop the workers."""
+        futures = [self.unregister(reg.name, mode) for reg in self.registrations()]
+        wait(futures, timeout=timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["Registration", "Registry"]

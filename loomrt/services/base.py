@@ -1,0 +1,214 @@
+"""The service skeleton every modality shares: a bounded queue, a worker thread, step boundaries.
+
+A service owns a deployment's executables, its retained state and a reference to its
+params component. Work arrives as `Job`s: each job is a sequence of stage calls (one per
+step), and the worker runs one step of every active job per pass, so many requests share
+the device and nothing waits for a whole request ahead of it. Between passes (the safe
+boundary) the worker applies a pending variant selection, cancels jobs whose client left,
+and, under an abort, fails everything with `Gone`. Under a drain it finishes every accepted
+job, then stops. Modality services (text, embedding, ...) replace `Job` with their own
+batching, keeping this contract: admission, boundaries, selection, drain and abort.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loomrt.errors import Gone, LoomError, NotFound, QueueFull, Unavailable
+from loomrt.residency import Component, Residency
+
+
+@dataclass(frozen=True)
+class Step:
+    stage: str
+    inputs: Mapping[str, Any]
+
+
+class Job:
+    """One request's work: its steps, run one per pass; `future` gets the list of outputs.
+
+    `on_step(index, outputs)` runs on the worker after each step (streaming, progress);
+    `cancel()` (the client left) stops the job at the next boundary with `reason`."""
+
+    def __init__(self, steps: list[Step], on_step: Callable[[int, dict[str, np.ndarray]], None] | None = None):
+        self.steps = list(steps)
+        self.on_step = on_step
+        self.future: Future = Future()
+        self.outputs: list[dict[str, np.ndarray]] = []
+        self.cancelled: LoomError | None = None
+
+    @property
+    def done_steps(self) -> int:
+        return len(self.outputs)
+
+    def cancel(self, reason: LoomError | None = None) -> None:
+        self.cancelled = reason or Unavailable("the request was cancelled")
+
+
+class StageService:
+    """Runs jobs' stage calls over one deployment's executables, params and state."""
+
+    def __init__(self, model: str, executables: Any, component: Component, residency: Residency,
+                 state: dict[str, np.ndarray], pending_capacity: int, *, variant: int | None = None):
+        self.model = model
+        self.executables = executables
+        self.variant = variant
+        self.component = component
+        self.residency = residency
+        self.state = state
+        self.pending_capacity = pending_capacity
+        self._cond = threading.Condition()
+        self._pending: collections.deque[Job] = collections.deque()
+        self._active: list[Job] = []
+        self._selection: tuple[Any, int, Future] | None = None
+        self._stopping: str | None = None      # "drain" | "abort"
+        self._stopped: Future = Future()
+        self.steps_run = 0
+        self._thread = threading.Thread(target=self._run, name=f"loom-service-{model}", daemon=True)
+        self._thread.start()
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Future:
+        with self._cond:
+            if self._stopping is not None:
+                raise Unavailable(f"model '{self.model}' is being removed")
+            if len(self._pending) >= self.pending_capacity:
+                raise QueueFull(f"model '{self.model}': the pending queue is full ({self.pending_capacity} "
+                                "requests wait already); retry later")
+            for step in job.steps:
+                if step.stage not in self.executables.programs:
+                    raise NotFound(f"model '{self.model}' has no stage '{step.stage}'")
+            self._pending.append(job)
+            self._cond.notify_all()
+        return job.future
+
+    def counts(self) -> dict[str, int]:
+        with self._cond:
+            return {"pending": len(self._pending), "active": len(self._active), "steps": self.steps_run}
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return len(self._pending) + len(self._active)
+
+    # ---- control -----------------------------------------------------------------------------
+
+    def select(self, executables: Any, variant: int) -> Future:
+        """Switch executables at the next safe boundary; the future resolves when it happened."""
+        done: Future = Future()
+        with self._cond:
+            self._selection = (executables, variant, done)
+            self._cond.notify_all()
+        return done
+
+    @property
+    def selection_pending(self) -> bool:
+        with self._cond:
+            return self._selection is not None
+
+    def stop(self, mode: str) -> Future:
+        """`drain`: finish accepted jobs, then stop; `abort`: fail them at the next boundary.
+        An abort may follow a drain (it upgrades it); the future resolves once the worker ended."""
+        with self._cond:
+            if self._stopping != "abort":
+                self._stopping = mode
+            self._cond.notify_all()
+        return self._stopped
+
+    # ---- the worker --------------------------------------------------------------------------
+
+    def _boundary(self, settle: list[Callable[[], None]]) -> list[Job]:
+        """Under the lock: apply selection, admit pending jobs, drop cancelled ones; the jobs to
+        step. Futures are resolved by `settle` after the lock is released: their callbacks may
+        take other locks (the registry's), which must never wait on this one."""
+        if self._selection is not None:
+            executables, variant, done = self._selection
+            self._selection = None
+            self.executables, self.variant = executables, variant
+            settle.append(lambda: done.set_result(variant))
+        if self._stopping == "abort":
+            for job in list(self._pending) + self._active:
+                job.cancel(Gone(f"model '{self.model}' was unregistered (abort) before the request finished"))
+        self._active.extend(self._pending)
+        self._pending.clear()
+        for job in [j for j in self._active if j.cancelled is not None]:
+            self._active.remove(job)
+            settle.append(lambda job=job: job.future.set_exception(job.cancelled))
+        return list(self._active)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                settle: list[Callable[[], None]] = []
+                with self._cond:
+                    while not (self._pending or self._active or self._selection or self._stopping):
+                        self._cond.wait()
+                    jobs = self._boundary(settle)
+                    finished = not jobs and self._stopping is not None
+                for resolve in settle:
+                    resolve()
+                if finished:
+                    break
+                if jobs:
+                    self._pass(jobs)
+        finally:
+            with self._cond:
+                selection, self._selection = self._selection, None
+            if selection is not None:
+                selection[2].set_exception(Gone(f"model '{self.model}' was unregistered"))
+            self._stopped.set_result(None)
+
+    def _pass(self, jobs: list[Job]) -> None:
+        try:
+            params = self.residency.acquire(self.component)
+        except LoomError as exc:
+            self._fail_all(jobs, exc)
+            return
+        try:
+            for job in jobs:
+                self._step(job, params)
+        finally:
+            self.residency.release(self.component)
+            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
+            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
+
+    def _step(self, job: Job, params: dict[str, Any]) -> None:
+        step = job.steps[job.done_steps]
+        try:
+            outputs = self.executables.programs[step.stage].run(params, self.state, step.inputs)
+            job.outputs.append(outputs)
+            self.steps_run += 1
+            if job.on_step is not None:
+                job.on_step(job.done_steps - 1, outputs)
+        except LoomError as exc:
+            self._finish(job, exc)
+            return
+        except Exception as exc:  # a bug below us: fail this job, keep serving the others
+            self._finish(job, LoomError(f"stage '{step.stage}' failed: {type(exc).__name__}: {exc}"))
+            return
+        if job.done_steps == len(job.steps):
+            self._finish(job, None)
+
+    def _finish(self, job: Job, error: LoomError | None) -> None:
+        with self._cond:
+            if job in self._active:
+                self._active.remove(job)
+        if error is None:
+            job.future.set_result(job.outputs)
+        else:
+            job.future.set_exception(error)
+
+    def _fail_all(self, jobs: list[Job], error: LoomError) -> None:
+        for job in jobs:
+            self._finish(job, error)
+
+
+__all__ = ["Job", "StageService", "Step"]
