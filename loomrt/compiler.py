@@ -158,6 +158,10 @@ def compile_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None, 
             states[name] = (spec.dtype, tuple(str(d) for d in spec.dims))
     shown = tuple(code_path(s).as_posix() if s.where != "package" else s.path
                   for s in (sources if sources is not None else doc.sources))
+    if sources is not None:
+        # A candidate's executables are independent of its upload: staging releases the
+        # package's bytes once compiled (the registration's own package stays, as it must).
+        checked.program.packages.pop(UPLOAD, None)
     return Executables(checked, programs, control, Contract(stages, params, states), shown, target)
 
 

@@ -18,8 +18,6 @@ diagnostics; the two agree on how local relative paths resolve (the document's d
 
 from __future__ import annotations
 
-import difflib
-import json
 import os
 import posixpath
 from collections.abc import Mapping
@@ -27,8 +25,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from loomc import strict_json
 from loomrt.errors import InvalidRequest
+from loomrt.fields import decode_object, expect_integer as _integer, expect_name as _name
+from loomrt.fields import expect_object as _object, expect_string as _string, fail as _fail
+from loomrt.fields import reject_unknown as _unknown, shown as _shown
 from loomrt.locator import is_locator, parse_locator
 from loomrt.package import PackageFiles, join_inside, reference_problem, validate_member_name
 
@@ -68,7 +68,6 @@ DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_PENDING_CAPACITY = 64
 DEFAULT_CHECKPOINT_CAPACITY = 0
 DEFAULT_IMAGE_SIDE = 512
-_INT_LIMIT = 2**63  # larger integers fail in the decoder, before any field sees them
 
 
 @dataclass(frozen=True)
@@ -128,53 +127,6 @@ class ModelDocument:
     height: int | None = None
     origin: str = ""
     packaged: bool = False                    # whether code and metadata came from an upload
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    return json.dumps(value)
-
-
-def _fail(path: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{path}: {message}", param=path)
-
-
-def _unknown(keys: Mapping[str, Any], known: tuple[str, ...], prefix: str = "") -> None:
-    for key in keys:
-        if key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean '{prefix}{near[0]}'?)" if near else ""
-            raise InvalidRequest(f"unknown field '{prefix}{key}'{hint}", param=prefix + key)
-
-
-def _object(path: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(path, f"expected object, got {_shown(value)}")
-    return value
-
-
-def _string(path: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise _fail(path, f"expected string, got {_shown(value)}")
-    return value
-
-
-def _integer(path: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(path, f"expected integer, got {_shown(value)}")
-    if not lo <= value <= hi:
-        raise _fail(path, f"{value} is out of range {lo}..{hi}")
-    return value
-
-
-def _name(path: str, value: Any, what: str) -> str:
-    text = _string(path, value)
-    if not 1 <= len(text) <= 64 or not all("!" <= c <= "~" for c in text):
-        raise _fail(path, f"{what} must be 1-64 visible ASCII characters, got {_shown(text)}")
-    return text
 
 
 class _Resolver:
@@ -238,58 +190,6 @@ class _Resolver:
                           "(checkpoint bytes are always read from the server filesystem)")
 
 
-def _decode(text_or_bytes: str | bytes) -> dict[str, Any]:
-    if isinstance(text_or_bytes, (bytes, bytearray)):
-        try:
-            text = bytes(text_or_bytes).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidRequest(f"model document is not UTF-8 (byte {exc.start})") from None
-    else:
-        text = text_or_bytes
-    try:
-        doc = strict_json.loads(text, int_limit=_INT_LIMIT)
-    except strict_json.StrictJsonError as exc:
-        dup = _first_duplicate(text) if str(exc).startswith("duplicate key") else None
-        if dup is not None:
-            raise InvalidRequest(f"duplicate field '{dup}'", param=dup) from None
-        where = f" at line {exc.lineno} column {exc.colno}" if exc.lineno is not None else ""
-        raise InvalidRequest(f"model document is not valid JSON{where}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidRequest(f"a model document is a JSON object, got {_shown(doc)}")
-    return doc
-
-
-class _Pairs(list):
-    pass
-
-
-def _first_duplicate(text: str) -> str | None:
-    """The dotted path of the first duplicated key. Only called after `strict_json` has
-    rejected the text, to name the path: its hook sees objects bottom-up, without one."""
-
-    def walk(node: Any, prefix: str) -> str | None:
-        if isinstance(node, _Pairs):
-            seen: set[str] = set()
-            for k, v in node:
-                if k in seen:
-                    return prefix + k
-                seen.add(k)
-                found = walk(v, f"{prefix}{k}.")
-                if found:
-                    return found
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                found = walk(v, f"{prefix[:-1] if prefix else ''}[{i}].")
-                if found:
-                    return found
-        return None
-
-    try:
-        return walk(json.loads(text, object_pairs_hook=_Pairs), "")
-    except (ValueError, RecursionError):
-        return None
-
-
 def _path_list(path: str, value: Any, resolve) -> tuple[FileRef, ...]:
     if not isinstance(value, list):
         raise _fail(path, f"expected array of paths, got {_shown(value)}")
@@ -333,7 +233,7 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
     `origin` is where the document came from: with an uploaded `package`, the request
     part's filename inside it (relative references start from its directory; the spec's
     default is "request.json"); otherwise the document's path on the server."""
-    doc = _decode(text_or_bytes)
+    doc = decode_object(text_or_bytes, "model document")
     _unknown(doc, tuple(_TOP))
     for key in ("model", "kind", "control", "sources"):
         if key not in doc:

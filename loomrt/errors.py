@@ -11,6 +11,8 @@ in one place, and anything that is not a `LoomError` becomes a 500 there.
     │   └── LocatorNotFound             a `package:MODULE/path` locator names no installed file
     ├── Conflict                    409 invalid_request_error
     ├── Gone                        410: the registration was removed while the caller waited
+    ├── PayloadTooLarge             413: a request body over the server's bound
+    ├── ExpectationFailed           417: `Expect` is unsupported
     ├── CompileError                422: source that does not compile; carries every diagnostic
     ├── TooManyRequests             429: a bounded pool (variants, observation credit) is full
     ├── NotImplementedFeature       501: the deployment does not offer this capability
@@ -83,6 +85,14 @@ class Conflict(LoomError):
 
 class Gone(LoomError):
     status, type, code = 410, "invalid_request_error", "model_removed"
+
+
+class PayloadTooLarge(LoomError):
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class ExpectationFailed(LoomError):
+    status, type, code = 417, "invalid_request_error", "expectation_failed"
 
 
 class CompileError(LoomError):
@@ -234,8 +244,8 @@ class VmExpectFailed(VmError):
 
 
 __all__ = [
-    "BindingError", "CheckpointError", "CompileError", "Conflict", "DeviceMemoryExhausted", "DispatchError", "Gone",
+    "BindingError", "CheckpointError", "CompileError", "Conflict", "DeviceMemoryExhausted", "DispatchError", "ExpectationFailed", "Gone",
     "InvalidRequest", "KernelArgumentError", "LocatorNotFound", "LoomError", "NotFound", "NotImplementedFeature",
-    "PolicyFailure", "PrepareError", "QueueFull", "StageInputError", "TooManyRequests", "Unavailable",
+    "PayloadTooLarge", "PolicyFailure", "PrepareError", "QueueFull", "StageInputError", "TooManyRequests", "Unavailable",
     "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
 ]

@@ -335,9 +335,11 @@ class Registry:
             if not reg.withdrawn.done():
                 reg.withdrawn.set_result(None)
         self._event(reg, "removing", mode=mode)
+        if service is not None:
+            # Stop the service now, not when `_remove` gets to it after joining pending tasks:
+            # an abort applies at the next step boundary, whatever else is still in flight.
+            service.stop(mode)
         if again:
-            if service is not None:
-                service.stop(mode)
             return reg.removed
         threading.Thread(target=self._remove, args=(reg,), name=f"loom-remove-{name}", daemon=True).start()
         return reg.removed
@@ -496,6 +498,9 @@ class Registry:
             host_sizes(ex, reg.document)
             candidate.finish(ex)
         except LoomError as exc:
+            # the retained error must not keep the compiler's frames (and with them the
+            # candidate's uploaded package) alive: staging releases its source ownership
+            exc.__traceback__ = exc.__context__ = exc.__cause__ = None
             candidate.finish(error=exc)
         except Exception as exc:
             candidate.finish(error=LoomError(f"internal error while compiling variant {candidate.id}: "
@@ -587,10 +592,36 @@ class Registry:
 
     # ---- shutdown -----------------------------------------------------------------------------------
 
+    def requests(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Every live request (active, then pending per deployment), ordered by id."""
+        regs = [self.get(model)] if model is not None else self.registrations()
+        out = [r for reg in regs if reg.service is not None for r in reg.service.requests()]
+        return sorted(out, key=lambda r: r["id"])
+
+    def sessions(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Retained sessions of the deployments whose services keep them. Naming a deployment
+        without a retained-text service is `NotImplementedFeature` (501)."""
+        regs = [self.get(model)] if model is not None else self.registrations()
+        out: list[dict[str, Any]] = []
+        for reg in regs:
+            found = reg.service.sessions() if reg.service is not None else None
+            if found is None:
+                if model is not None:
+                    raise NotImplementedFeature(f"model '{model}' has no retained-text service, so no sessions")
+                continue
+            out += found
+        for order, item in enumerate(out, 1):
+            item.setdefault("order", order)
+        return out
+
     def close(self, mode: str = "drain", timeout: float | None = None) -> None:
-        """Remove every registration (finishing or aborting accepted work) and stop the workers."""
+        """Remove every registration and stop the workers. Under `drain`, accepted work gets
+        `timeout` seconds to finish; what is left then is aborted at its next step boundary."""
         futures = [self.unregister(reg.name, mode) for reg in self.registrations()]
-        wait(futures, timeout=timeout)
+        _, left = wait(futures, timeout=timeout)
+        if left and mode == "drain":
+            futures = [self.unregister(reg.name, "abort") for reg in self.registrations()]
+            wait(futures, timeout=timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -5,7 +5,9 @@ A `Component` is one independently resident set of params (a deployment's `prima
 activation: after an eviction the next use prepares again). Loading charges the device;
 when the device's total passes its budget, idle unpinned components are evicted least
 recently used first; if that cannot make room, the load is undone and fails with
-`DeviceMemoryExhausted` naming the numbers. Services `acquire` a component around each step
+`DeviceMemoryExhausted` naming the numbers (what was evicted on its behalf stays evicted and
+reloads on its next use). Budgets compare everything the device owns (params, state,
+scratch), but only params are evictable. Services `acquire` a component around each step
 (loading it on first use) and `release` it after, so a component in use is never evicted.
 """
 
@@ -140,10 +142,10 @@ class Residency:
         while self.devices.used(device.key) > device.budget_bytes:
             victims = self._eligible(device, keep=loaded)
             if not victims:
-                used = self.devices.used(device.key)
+                used, needed = self.devices.used(device.key), loaded.nbytes  # before the drop zeroes it
                 self._drop(loaded)
                 raise DeviceMemoryExhausted(
-                    f"{loaded.owner} needs {loaded.nbytes if loaded.nbytes else 'its'} bytes of params on "
+                    f"{loaded.owner} needs {needed} bytes of params on "
                     f"{device.name}: {used} bytes would be in use against a budget of {device.budget_bytes}, "
                     "and nothing else there is idle and unpinned")
             self._drop(victims[0])

@@ -13,7 +13,9 @@ batching, keeping this contract: admission, boundaries, selection, drain and abo
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -31,13 +33,23 @@ class Step:
     inputs: Mapping[str, Any]
 
 
+_job_ids = itertools.count(1)
+
+
 class Job:
     """One request's work: its steps, run one per pass; `future` gets the list of outputs.
 
+    `id` is process-unique and increasing (what `/v1/requests` pages by); `kind` names what
+    the request is (a route, for inspection).
     `on_step(index, outputs)` runs on the worker after each step (streaming, progress);
     `cancel()` (the client left) stops the job at the next boundary with `reason`."""
 
-    def __init__(self, steps: list[Step], on_step: Callable[[int, dict[str, np.ndarray]], None] | None = None):
+    def __init__(self, steps: list[Step], on_step: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+                 kind: str = "stage"):
+        self.id = next(_job_ids)
+        self.kind = kind
+        self.created = time.time()
+        self.model: str | None = None
         self.steps = list(steps)
         self.on_step = on_step
         self.future: Future = Future()
@@ -47,6 +59,10 @@ class Job:
     @property
     def done_steps(self) -> int:
         return len(self.outputs)
+
+    def describe(self, state: str) -> dict[str, Any]:
+        return {"id": self.id, "object": "request", "model": self.model, "kind": self.kind, "state": state,
+                "created": round(self.created, 3), "steps": len(self.steps), "steps_done": self.done_steps}
 
     def cancel(self, reason: LoomError | None = None) -> None:
         self.cancelled = reason or Unavailable("the request was cancelled")
@@ -86,9 +102,19 @@ class StageService:
             for step in job.steps:
                 if step.stage not in self.executables.programs:
                     raise NotFound(f"model '{self.model}' has no stage '{step.stage}'")
+            job.model = self.model
             self._pending.append(job)
             self._cond.notify_all()
         return job.future
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The live requests this service owns, oldest first (for `/v1/requests`)."""
+        with self._cond:
+            return ([j.describe("active") for j in self._active] + [j.describe("pending") for j in self._pending])
+
+    def sessions(self) -> list[dict[str, Any]] | None:
+        """Retained sessions, or None when this service retains no text (the base retains none)."""
+        return None
 
     def counts(self) -> dict[str, int]:
         with self._cond:

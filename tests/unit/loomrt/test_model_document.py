@@ -217,7 +217,7 @@ def test_duplicate_fields():
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("[]", "a model document is a JSON object, got array"),
+    ("[]", "the model document must be a JSON object, got array"),
     ("{", "model document is not valid JSON at line 1 column 2"),
     ('{"rows": NaN}', "NaN is not JSON"),
     ('{"rows": 99999999999999999999}', "is out of range"),

@@ -1,0 +1,3 @@
+from loomd.cli import main
+
+main()

@@ -1,0 +1,109 @@
+"""The aiohttp application factory: typed app keys, one error middleware, every route.
+
+`make_app(registry, settings)` is all a listener needs; tests build the same app. Routes
+live in `loomd/routes/`, one module per spec section, each exposing `add_routes(add)`.
+Every route is registered through `add`, which gives it the `Expect` rejection of
+`framing.reject_expect`; a catch-all route answers unknown paths (404) and wrong methods
+(405) in the same JSON shape, so no request ever reaches aiohttp's own error pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from loomd.errors import error_response, loom_error_response, unexpected_error_response
+from loomd.framing import reject_expect
+from loomd.logz import Journal
+from loomd.metrics import Metrics
+from loomrt.errors import LoomError
+from loomrt.registry import Registry
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+DEFAULT_REQUEST_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_CONNECTIONS = 256
+
+
+@dataclass
+class Settings:
+    request_body_bytes: int = DEFAULT_REQUEST_BODY_BYTES
+    connections: int = DEFAULT_CONNECTIONS
+    started: float = field(default_factory=time.time)
+    stopping: bool = False
+
+
+REGISTRY = web.AppKey("registry", Registry)
+SETTINGS = web.AppKey("settings", Settings)
+JOURNAL = web.AppKey("journal", Journal)
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info
+    route = getattr(info, "route", None)
+    resource = getattr(route, "resource", None)
+    canonical = getattr(resource, "canonical", None)
+    return canonical if canonical and not canonical.startswith("/{tail") else "unmatched"
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one place errors become responses; also counts every request by route and status."""
+    try:
+        response = await handler(request)
+    except LoomError as exc:
+        response = loom_error_response(exc)
+        if exc.status in (413,):
+            response.force_close()
+    except web.HTTPException as exc:  # aiohttp raised one of its own (never ours): same JSON shape
+        response = error_response(exc.status, exc.reason or "error")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        response = unexpected_error_response(exc)
+    request.app[METRICS].request(_route_name(request), response.status)
+    return response
+
+
+async def _unmatched(request: web.Request) -> web.StreamResponse:
+    allowed = [r.method for r in request.app.router.routes()
+               if r.resource is not None and r.resource.canonical == request.path and r.method != "*"]
+    if allowed:
+        response = error_response(405, f"{request.method} is not allowed on {request.path} "
+                                       f"(allowed: {', '.join(sorted(set(allowed)))})")
+        response.headers["Allow"] = ", ".join(sorted(set(allowed)))
+        return response
+    return error_response(404, f"no route {request.method} {request.path}")
+
+
+def make_app(registry: Registry, settings: Settings | None = None) -> web.Application:
+    from loomd.routes import admin, discovery, observation, variants
+
+    settings = settings or Settings()
+    app = web.Application(middlewares=[error_middleware], client_max_size=settings.request_body_bytes)
+    app[REGISTRY] = registry
+    app[SETTINGS] = settings
+    app[JOURNAL] = Journal()
+    app[METRICS] = Metrics(registry)
+    registry.listeners.append(app[JOURNAL].publish_threadsafe)
+
+    def add(method: str, path: str, handler: Handler) -> None:
+        app.router.add_route(method, path, handler, expect_handler=reject_expect)
+
+    for module in (discovery, admin, variants, observation):
+        module.add_routes(add)
+    app.router.add_route("*", "/{tail:.*}", _unmatched, expect_handler=reject_expect)
+
+    async def bind_loop(app: web.Application) -> None:
+        app[JOURNAL].bind(asyncio.get_running_loop())
+
+    app.on_startup.append(bind_loop)
+    return app
+
+
+__all__ = ["JOURNAL", "METRICS", "REGISTRY", "SETTINGS", "Settings", "make_app"]

@@ -1,0 +1,85 @@
+"""Request bodies as the routes consume them: a strict JSON object, or a multipart source package.
+
+Every body is read once, bounded (`framing.read_body`). JSON goes through the one strict
+decoder (`loomrt.fields.decode_object`). A multipart upload is "exactly one `request` part
+with the endpoint's JSON, plus `file` parts whose filenames are package member names"; a
+duplicate filename, a second request part, an unknown part name or a file part without a
+filename is a 400 before anything is registered or staged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from loomd.framing import read_body
+from loomd.multipart import parse_multipart
+from loomrt.errors import InvalidRequest
+from loomrt.fields import decode_object
+from loomrt.package import PackageFiles, validate_member_name
+
+DEFAULT_REQUEST_FILENAME = "request.json"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What a register or staging request carried: its JSON, and the package when multipart."""
+
+    body: dict[str, Any]
+    raw: bytes
+    package: PackageFiles | None = None
+    origin: str = DEFAULT_REQUEST_FILENAME
+
+
+def _limit(request: web.Request) -> int:
+    from loomd.app import SETTINGS
+
+    return request.app[SETTINGS].request_body_bytes
+
+
+async def empty_body(request: web.Request) -> None:
+    if await read_body(request, _limit(request)):
+        raise InvalidRequest(f"{request.method} {request.path} takes no request body")
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    raw = await read_body(request, _limit(request))
+    if request.content_type not in ("application/json", "application/octet-stream") and raw:
+        raise InvalidRequest(f"expected Content-Type application/json, got {request.content_type!r}")
+    return decode_object(raw, "request body")
+
+
+async def json_or_package(request: web.Request) -> Upload:
+    """The JSON of a register/staging request, with its uploaded package if multipart."""
+    raw = await read_body(request, _limit(request))
+    if request.content_type != "multipart/form-data":
+        if request.content_type not in ("application/json", "application/octet-stream"):
+            raise InvalidRequest(f"expected Content-Type application/json or multipart/form-data, got "
+                                 f"{request.content_type!r}")
+        return Upload(decode_object(raw, "request body"), raw)
+    parts = parse_multipart(raw, request.headers.get("Content-Type", ""))
+    requests = [p for p in parts if p.name == "request"]
+    if len(requests) != 1:
+        raise InvalidRequest(f"a multipart upload has exactly one 'request' part, got {len(requests)}")
+    files: dict[str, bytes] = {}
+    for part in parts:
+        if part.name == "request":
+            continue
+        if part.name != "file":
+            raise InvalidRequest(f"unknown multipart part {part.name!r} (expected 'request' and 'file' parts)")
+        if part.filename is None:
+            raise InvalidRequest("a 'file' part needs a filename: its path inside the package")
+        name = validate_member_name(part.filename)
+        if name in files:
+            raise InvalidRequest(f"package file {name!r} appears twice")
+        files[name] = part.data
+    origin = requests[0].filename or DEFAULT_REQUEST_FILENAME
+    validate_member_name(origin)
+    if origin in files:
+        raise InvalidRequest(f"package file {origin!r} is also the request part's filename")
+    return Upload(decode_object(requests[0].data, "request part"), requests[0].data, PackageFiles(files), origin)
+
+
+__all__ = ["DEFAULT_REQUEST_FILENAME", "Upload", "empty_body", "json_body", "json_or_package"]

@@ -1,0 +1,73 @@
+"""Discovery: `/healthz`, `/readyz`, `/v1/models` and `/v1/status` (spec: "Discovery and administration")."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from loomd.app import REGISTRY, SETTINGS
+from loomd.errors import error_response, json_response
+from loomrt.registry import Registration
+
+#: The HTTP inference route and modalities of each kind: HTTP knowledge, so it lives here.
+KIND_ROUTES: dict[str, tuple[str, list[str], list[str]]] = {
+    "text": ("/v1/chat/completions", ["text"], ["text"]),
+    "sequence": ("/v1/sequences", ["text"], ["bytes"]),
+    "embedding": ("/v1/embeddings", ["text"], ["embedding"]),
+    "decision": ("/v1/systemone", ["text"], ["probabilities"]),
+    "image": ("/v1/images/generations", ["text"], ["image"]),
+    "speech": ("/v1/audio/speech", ["text"], ["audio"]),
+    "recognition": ("/v1/audio/transcriptions", ["audio"], ["text"]),
+}
+
+
+def model_object(reg: Registration) -> dict[str, Any]:
+    doc = reg.document
+    endpoint, inputs, outputs = KIND_ROUTES[doc.kind]
+    if doc.image is not None:
+        inputs = inputs + ["image"]
+    loom: dict[str, Any] = {"kind": doc.kind, "endpoint": endpoint, "tokenize": doc.tokenizer is not None,
+                            "input_tokens": bool(getattr(reg.service, "input_tokens", False)),
+                            "admission": reg.admission,
+                            "resident": all(c.resident for c in reg.components.values())}
+    if doc.kind == "text":
+        loom["context_length"] = doc.context_length
+        loom["limits"] = {"max_output_tokens": doc.max_output_tokens}
+    if reg.variants is not None:
+        loom["variants"] = reg.variants.summary()
+    return {"id": reg.name, "object": "model", "created": int(reg.created), "owned_by": "local",
+            "input_modalities": inputs, "output_modalities": outputs, "loom": loom}
+
+
+async def healthz(request: web.Request) -> web.StreamResponse:
+    return json_response({"status": "ready"})
+
+
+async def readyz(request: web.Request) -> web.StreamResponse:
+    if request.app[SETTINGS].stopping:
+        return error_response(503, "the server is shutting down", "unavailable")
+    return json_response({"status": "ready"})
+
+
+async def models(request: web.Request) -> web.StreamResponse:
+    data = [model_object(r) for r in request.app[REGISTRY].models()]
+    return json_response({"object": "list", "data": data})
+
+
+async def status(request: web.Request) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    body = request.app[REGISTRY].status()
+    body = {"object": "status", **body,
+            "server": {"started": int(settings.started), "uptime_s": round(time.time() - settings.started, 3),
+                       "stopping": settings.stopping, "request_body_bytes": settings.request_body_bytes,
+                       "connections": settings.connections}}
+    return json_response(body)
+
+
+def add_routes(add) -> None:
+    add("GET", "/healthz", healthz)
+    add("GET", "/readyz", readyz)
+    add("GET", "/v1/models", models)
+    add("GET", "/v1/status", status)

@@ -1,0 +1,133 @@
+"""The one JSON-validation helper: strict decoding and typed field access with the field named.
+
+Every message starts with the field's path and sets `param` to it, so a client sees
+`limits.max_output_tokens: expected integer, got "4096"` whether the object was a model
+document (`loomrt.document`) or a control request body (`loomd`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from loomc import strict_json
+from loomrt.errors import InvalidRequest
+
+INT_LIMIT = 2**63  # larger integers fail in the decoder, before any field sees them
+
+
+def shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return json.dumps(value)
+
+
+def fail(path: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{path}: {message}", param=path)
+
+
+def reject_unknown(keys: Mapping[str, Any], known: tuple[str, ...], prefix: str = "") -> None:
+    for key in keys:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean '{prefix}{near[0]}'?)" if near else ""
+            raise InvalidRequest(f"unknown field '{prefix}{key}'{hint}", param=prefix + key)
+
+
+def expect_object(path: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise fail(path, f"expected object, got {shown(value)}")
+    return value
+
+
+def expect_string(path: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise fail(path, f"expected string, got {shown(value)}")
+    return value
+
+
+def expect_integer(path: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise fail(path, f"expected integer, got {shown(value)}")
+    if not lo <= value <= hi:
+        raise fail(path, f"{value} is out of range {lo}..{hi}")
+    return value
+
+
+def expect_name(path: str, value: Any, what: str) -> str:
+    text = expect_string(path, value)
+    if not 1 <= len(text) <= 64 or not all("!" <= c <= "~" for c in text):
+        raise fail(path, f"{what} must be 1-64 visible ASCII characters, got {shown(text)}")
+    return text
+
+
+def decode_object(text_or_bytes: str | bytes, what: str = "request body") -> dict[str, Any]:
+    """A strict JSON object (`loomc.strict_json`); a duplicate key is named by its dotted path."""
+    if isinstance(text_or_bytes, (bytes, bytearray)):
+        try:
+            text = bytes(text_or_bytes).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"{what} is not UTF-8 (byte {exc.start})") from None
+    else:
+        text = text_or_bytes
+    try:
+        doc = strict_json.loads(text, int_limit=INT_LIMIT)
+    except strict_json.StrictJsonError as exc:
+        dup = first_duplicate(text) if str(exc).startswith("duplicate key") else None
+        if dup is not None:
+            raise InvalidRequest(f"duplicate field '{dup}'", param=dup) from None
+        where = f" at line {exc.lineno} column {exc.colno}" if exc.lineno is not None else ""
+        raise InvalidRequest(f"{what} is not valid JSON{where}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"the {what} must be a JSON object, got {shown(doc)}")
+    return doc
+
+
+class _Pairs(list):
+    pass
+
+
+def first_duplicate(text: str) -> str | None:
+    """The dotted path of the first duplicated key. Only called after `strict_json` has
+    rejected the text, to name the path: its hook sees objects bottom-up, without one."""
+
+    def walk(node: Any, prefix: str) -> str | None:
+        if isinstance(node, _Pairs):
+            seen: set[str] = set()
+            for k, v in node:
+                if k in seen:
+                    return prefix + k
+                seen.add(k)
+                found = walk(v, f"{prefix}{k}.")
+                if found:
+                    return found
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                found = walk(v, f"{prefix[:-1] if prefix else ''}[{i}].")
+                if found:
+                    return found
+        return None
+
+    try:
+        return walk(json.loads(text, object_pairs_hook=_Pairs), "")
+    except (ValueError, RecursionError):
+        return None
+
+
+
+
+def fields_of(obj: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`obj` when it has every required field and no unknown one."""
+    reject_unknown(obj, required + optional)
+    for key in required:
+        if key not in obj:
+            raise InvalidRequest(f"{key}: required field is missing", param=key)
+    return obj
+
+
+__all__ = ["INT_LIMIT", "decode_object", "expect_integer", "expect_name", "expect_object", "expect_string",
+           "fail", "fields_of", "first_duplicate", "reject_unknown", "shown"]

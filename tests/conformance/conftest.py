@@ -1,0 +1,64 @@
+"""Conformance tests talk HTTP to a real `loomd` process over TCP and a Unix socket.
+
+`daemon` is one server per test module, serving the `mini` package (tests/unit/loomrt/fixtures/mini)
+under the names `mini` and `spare`; tests that remove or reconfigure deployments register their
+own names so they do not disturb each other. The server must still answer `/healthz` after
+every test, and must exit 0 on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "loomrt"))
+
+from loomd_process import Daemon  # noqa: E402
+from mini_package import mini_document  # noqa: E402
+
+
+def write_document(directory: Path, name: str, **fields) -> Path:
+    path = directory / f"{name}.json"
+    path.write_text(mini_document(directory, model=name, **fields))
+    return path
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loomd")
+    docs = [write_document(tmp, "mini"), write_document(tmp, "spare", variant_capacity=None)]
+    server = Daemon.start(tmp, docs)
+    try:
+        deadline_ok = wait_ready(server, ["mini", "spare"])
+        assert deadline_ok, "deployments did not become ready: " + server.request("GET", "/v1/status").body.decode()
+        yield server
+    finally:
+        code = server.stop()
+        assert code == 0, "".join(server.output)
+
+
+def wait_ready(server: Daemon, names: list[str], timeout: float = 120.0) -> bool:
+    """Poll /v1/status with a deadline until every named registration is ready."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = server.request("GET", "/v1/status").json()
+        phases = {r["model"]: r["phase"] for r in status["registrations"]}
+        if all(phases.get(n) == "ready" for n in names):
+            return True
+        if any(phases.get(n) == "failed" for n in names):
+            raise AssertionError(json.dumps(status, indent=1))
+        time.sleep(0.05)  # poll interval; the deadline bounds the wait
+    return False
+
+
+@pytest.fixture(autouse=True)
+def still_healthy(request):
+    """After every conformance test the server still answers /healthz."""
+    yield
+    if "daemon" in request.fixturenames:
+        server = request.getfixturevalue("daemon")
+        assert server.request("GET", "/healthz").json() == {"status": "ready"}

@@ -1,0 +1,156 @@
+"""A real `loomd serve` process for conformance tests: TCP on an ephemeral port plus a Unix socket.
+
+`Daemon.start(tmp, documents)` launches `python -m loomd serve ...`, waits (with a deadline)
+for the lines that announce its listeners, and `stop()` sends SIGTERM and checks it exits 0.
+`request(...)` speaks HTTP/1.1 over a fresh socket (TCP or Unix) and returns status, headers
+and body, so tests can also send framing no client library would produce (`raw`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+START_DEADLINE_S = 120.0
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen
+    port: int
+    unix_path: str
+    output: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, tmp: Path, documents: list[Path], *extra: str) -> "Daemon":
+        unix_path = str(tmp / "loomd.sock")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "loomd", "serve", *map(str, documents), "--listen", "127.0.0.1:0",
+               "--listen", f"unix:{unix_path}", *extra]
+        process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+        lines: list[str] = []
+        port = None
+        deadline = time.monotonic() + START_DEADLINE_S
+        sel = selectors.DefaultSelector()
+        sel.register(process.stdout, selectors.EVENT_READ)
+        while port is None or not any(l.startswith("loomd: listening on unix:") for l in lines):
+            left = deadline - time.monotonic()
+            if left <= 0 or process.poll() is not None:
+                process.kill()
+                raise RuntimeError("loomd did not start:\n" + "".join(lines) + (process.stdout.read() or ""))
+            if sel.select(timeout=left):
+                line = process.stdout.readline()
+                lines.append(line)
+                m = re.match(r"loomd: listening on http://127\.0\.0\.1:(\d+)", line)
+                if m:
+                    port = int(m.group(1))
+        sel.close()
+        return cls(process, port, unix_path, lines)
+
+    def request(self, method: str, path: str, body: bytes | str | dict | None = None,
+                headers: dict[str, str] | None = None, *, unix: bool = False, timeout: float = 60) -> Response:
+        if isinstance(body, dict):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode()
+        head = {"Host": "loom", "Connection": "close", **(headers or {})}
+        if body is not None and "Content-Length" not in head and "Transfer-Encoding" not in head:
+            head["Content-Length"] = str(len(body))
+        if body is not None and "Content-Type" not in head:
+            head["Content-Type"] = "application/json"
+        lines = [f"{method} {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in head.items()]
+        raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+        return self.raw(raw, unix=unix, timeout=timeout)
+
+    def connect(self, *, unix: bool = False, timeout: float = 60) -> socket.socket:
+        if unix:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout)
+            s.connect(self.unix_path)
+        else:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        return s
+
+    def raw(self, data: bytes | list[bytes], *, unix: bool = False, timeout: float = 60,
+            shutdown_write: bool = False) -> Response:
+        """Send bytes (a list is sent piece by piece), read until the server closes or the
+        response is complete, and parse one HTTP/1.1 response."""
+        with self.connect(unix=unix, timeout=timeout) as s:
+            for piece in (data if isinstance(data, list) else [data]):
+                s.sendall(piece)
+            if shutdown_write:
+                s.shutdown(socket.SHUT_WR)
+            return read_response(s)
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            rest, _ = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            rest, _ = self.process.communicate()
+        self.output.append(rest or "")
+        return self.process.returncode
+
+
+def read_response(s: socket.socket) -> Response:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"connection closed before a response head: {buf!r}")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    for line in header_lines:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    if "content-length" in headers:
+        n = int(headers["content-length"])
+        while len(rest) < n:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return Response(status, headers, rest[:n])
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while True:
+            while b"\r\n" not in rest:
+                rest += s.recv(65536)
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            while len(rest) < size + 2:
+                rest += s.recv(65536)
+            body, rest = body + rest[:size], rest[size + 2:]
+            if size == 0:
+                return Response(status, headers, body)
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return Response(status, headers, rest)
+        rest += chunk
