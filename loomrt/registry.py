@@ -263,7 +263,8 @@ class Registry:
                 return
             reg.service = StageService(reg.name, reg.executables, component, self.residency, state,
                                        reg.document.pending_capacity,
-                                       variant=reg.variants.selected if reg.variants else None)
+                                       variant=reg.variants.selected if reg.variants else None,
+                                       max_active=reg.document.rows)
         self._set_phase(reg, "ready")
 
     # ---- admission ----------------------------------------------------------------------------

@@ -72,7 +72,8 @@ class StageService:
     """Runs jobs' stage calls over one deployment's executables, params and state."""
 
     def __init__(self, model: str, executables: Any, component: Component, residency: Residency,
-                 state: dict[str, np.ndarray], pending_capacity: int, *, variant: int | None = None):
+                 state: dict[str, np.ndarray], pending_capacity: int, *, variant: int | None = None,
+                 max_active: int | None = None):
         self.model = model
         self.executables = executables
         self.variant = variant
@@ -80,6 +81,7 @@ class StageService:
         self.residency = residency
         self.state = state
         self.pending_capacity = pending_capacity
+        self.max_active = max_active            # requests stepped together (the rows); None: no bound
         self._cond = threading.Condition()
         self._pending: collections.deque[Job] = collections.deque()
         self._active: list[Job] = []
@@ -93,10 +95,13 @@ class StageService:
     # ---- admission ---------------------------------------------------------------------------
 
     def submit(self, job: Job) -> Future:
+        """Accept a job that can start at the next boundary, or wait in the bounded queue;
+        `QueueFull` when neither (with `pending_capacity` 0: whenever it cannot start now)."""
         with self._cond:
             if self._stopping is not None:
                 raise Unavailable(f"model '{self.model}' is being removed")
-            if len(self._pending) >= self.pending_capacity:
+            free = len(self._pending) + 1 if self.max_active is None else self.max_active - len(self._active)
+            if len(self._pending) >= max(0, free) + self.pending_capacity:
                 raise QueueFull(f"model '{self.model}': the pending queue is full ({self.pending_capacity} "
                                 "requests wait already); retry later")
             for step in job.steps:
@@ -163,8 +168,8 @@ class StageService:
         if self._stopping == "abort":
             for job in list(self._pending) + self._active:
                 job.cancel(Gone(f"model '{self.model}' was unregistered (abort) before the request finished"))
-        self._active.extend(self._pending)
-        self._pending.clear()
+        while self._pending and (self.max_active is None or len(self._active) < self.max_active):
+            self._active.append(self._pending.popleft())
         for job in [j for j in self._active if j.cancelled is not None]:
             self._active.remove(job)
             settle.append(lambda job=job: job.future.set_exception(job.cancelled))

@@ -389,7 +389,7 @@ def test_unregister_rejects_unknown_names_and_modes(registry, tmp_path):
 
 
 def test_full_pending_queue_raises_queue_full(registry, tmp_path, gates):
-    register_ready(registry, tmp_path, "m", pending_capacity=1)
+    register_ready(registry, tmp_path, "m", pending_capacity=1, rows=1)
     w, b = weights(tmp_path)
     gate = gates()
     xs1, xs2 = [inputs(50), inputs(51)], [inputs(52)]
@@ -407,6 +407,21 @@ def test_full_pending_queue_raises_queue_full(registry, tmp_path, gates):
     assert_affine(second.result(TIMEOUT), xs2, w, b)
     x = inputs(54)
     assert_affine(registry.submit("m", affine_job(x)).result(TIMEOUT), [x], w, b)
+
+
+def test_pending_capacity_zero_admits_only_what_can_start_now(registry, tmp_path, gates):
+    register_ready(registry, tmp_path, "m", pending_capacity=0, rows=2)
+    w, b = weights(tmp_path)
+    gate = gates()
+    xs1, xs2 = [inputs(70), inputs(71)], [inputs(72)]
+    first = registry.submit("m", affine_job(*xs1, on_step=gate))
+    assert gate.reached.wait(TIMEOUT)                            # one row busy, one free
+    second = registry.submit("m", affine_job(*xs2))              # starts at the next boundary
+    with pytest.raises(QueueFull):
+        registry.submit("m", affine_job(inputs(73)))             # both rows taken, no queue
+    gate.release.set()
+    assert_affine(first.result(TIMEOUT), xs1, w, b)
+    assert_affine(second.result(TIMEOUT), xs2, w, b)
 
 
 def test_per_row_state_is_retained_between_calls(registry, tmp_path):
