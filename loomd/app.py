@@ -82,7 +82,7 @@ async def _unmatched(request: web.Request) -> web.StreamResponse:
 
 
 def make_app(registry: Registry, settings: Settings | None = None) -> web.Application:
-    from loomd.routes import admin, discovery, observation, variants
+    from loomd.routes import admin, chat, discovery, observation, tokenize, variants
 
     settings = settings or Settings()
     app = web.Application(middlewares=[error_middleware], client_max_size=settings.request_body_bytes)
@@ -95,7 +95,7 @@ def make_app(registry: Registry, settings: Settings | None = None) -> web.Applic
     def add(method: str, path: str, handler: Handler) -> None:
         app.router.add_route(method, path, handler, expect_handler=reject_expect)
 
-    for module in (discovery, admin, variants, observation):
+    for module in (discovery, admin, variants, observation, chat, tokenize):
         module.add_routes(add)
     app.router.add_route("*", "/{tail:.*}", _unmatched, expect_handler=reject_expect)
 

@@ -74,7 +74,8 @@ async def _serve(documents: tuple[str, ...], listen: tuple[str, ...], request_bo
     registry = Registry(Devices(device_memory))
     settings = Settings(request_body_bytes=request_body_bytes, connections=connections)
     app = make_app(registry, settings)
-    runner = JsonErrorRunner(app, handle_signals=False, access_log=None, max_connections=connections)
+    runner = JsonErrorRunner(app, handle_signals=False, access_log=None, max_connections=connections,
+                             handler_cancellation=True)
     await runner.setup()
     for value in listen or (DEFAULT_LISTEN,):
         host, port = parse_listen(value)

@@ -107,9 +107,25 @@ class _JsonErrorHandler(RequestHandler):
                 payload.set_exception(ConnectionResetError("the client ended the connection before the body "
                                                            "was complete"))
 
+    async def finish_response(self, request, resp, start_time):  # type: ignore[override]
+        """A response that ends the connection while the request body is unread or broken
+        (413, 417, a truncated body) closes it as soon as the response is written. aiohttp
+        would otherwise linger, reading and discarding the body for up to 10 s (holding a
+        `--connections` slot) and log the truncated body's error as an unhandled exception."""
+        result = await super().finish_response(request, resp, start_time)
+        body = request.content
+        if not body.is_eof() and (not resp.keep_alive or body.exception() is not None):
+            self.force_close()  # the transport flushes the written response, then closes
+        return result
+
     def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[override]
-        response = super().handle_error(request, status, exc, message)
         text = str(getattr(exc, "message", None) or message or exc or "bad request")
+        if status < 500:  # the client's malformed request: answer it, no traceback in the log
+            response = web.Response(status=status, body=json.dumps(error_body(
+                status, f"malformed HTTP request: {text}")).encode(), content_type="application/json")
+            response.force_close()
+            return response
+        response = super().handle_error(request, status, exc, message)
         if status >= 500:
             text = "internal server error (logged)"
         response.body = json.dumps(error_body(status, f"malformed HTTP request: {text}" if status < 500

@@ -124,8 +124,8 @@ def parse_multipart(body: bytes, content_type: str) -> list[Part]:
     parts: list[Part] = []
     while True:
         if body.startswith(b"--", pos):
-            rest = body[pos + 2:]
-            if rest not in (b"", b"\r\n") and not rest.startswith(b"\r\n"):
+            rest = body[pos + 2:].lstrip(b" \t")  # transport padding, then nothing or CRLF epilogue
+            if rest and not rest.startswith(b"\r\n"):
                 raise _fail("data after the closing boundary")
             return parts
         while body.startswith((b" ", b"\t"), pos):  # transport padding
@@ -133,7 +133,7 @@ def parse_multipart(body: bytes, content_type: str) -> list[Part]:
         if not body.startswith(b"\r\n", pos):
             raise _fail("truncated body (no CRLF after a boundary)" if pos >= len(body) else "bad boundary line")
         pos += 2
-        end_headers = body.find(b"\r\n\r\n", pos)
+        end_headers = body.find(b"\r\n\r\n", pos - 2)  # from the boundary line's CRLF: a part may have no headers
         if end_headers < 0 or end_headers - pos > MAX_PART_HEADER_BYTES:
             raise _fail("truncated or oversized part headers")
         headers = _part_headers(body[pos:end_headers]) if end_headers > pos else {}

@@ -25,17 +25,24 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from loomrt.checkpoints import open_checkpoint
 from loomrt.compiler import Executables, code_path, compile_deployment
 from loomrt.devices import Devices, parse_device_key
 from loomrt.document import ModelDocument, parse_document, resolve_sources
 from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomError, NotFound,
-                           NotImplementedFeature, PrepareError, TooManyRequests, Unavailable)
+                           NotImplementedFeature, PrepareError, QueueFull, TooManyRequests,
+                           Unavailable)
 from loomrt.package import PackageFiles
 from loomrt.prepare import prepare_params
 from loomrt.residency import Component, Residency
+from loomrt.policy import TextPolicy
 from loomrt.services.base import Job, StageService
-from loomrt.state import allocate_state, host_sizes, state_bytes
+from loomrt.services.text import STEP_STAGE, TextService
+from loomrt.state import PAGE_SIZE_CONFIG, allocate_state, config_constant, host_sizes, state_bytes
+from loomrt.tokenizer import load_tokenizer
+from loomrt.vm import Vm
 from loomrt.variants import Variant, VariantTable, next_variant_id
 
 COMPONENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -63,6 +70,9 @@ class Registration:
         self.withdrawn = Future()                  # set when unregister starts: waiting readers leave
         self.tasks: list[Future] = []              # compile, prepare and variant work in flight
         self.state_bytes = 0
+        self.tokenizer: Any = None                 # loaded at compile time: no weights needed
+        self.policy: Any = None                    # TextPolicy of a text deployment
+        self.utility_in_flight = 0                 # input-token counts running (bounded by pending_capacity)
 
     @property
     def prepared(self) -> bool:
@@ -201,7 +211,15 @@ class Registry:
             self._set_phase(reg, "compiling")
             ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir)
             host_sizes(ex, doc)  # a state layout the host cannot size fails now, not at first use
+            tokenizer = self._load_tokenizer(reg) if doc.tokenizer is not None else None
+            policy = None
+            if doc.kind == "text":
+                if STEP_STAGE not in ex.programs:
+                    raise CompileError(f"model '{doc.model}': a text deployment's control program declares "
+                                       f"`stage {STEP_STAGE}` (docs/source-contracts.md)")
+                policy = TextPolicy(Vm(ex.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
             with self._lock:
+                reg.tokenizer, reg.policy = tokenizer, policy
                 reg.executables = ex
                 reg.progress = {"stages": len(ex.programs)}
                 reg.components["primary"] = Component(doc.model, "primary", device,
@@ -229,6 +247,18 @@ class Registry:
         except Exception as exc:  # a bug below us: keep it visible on the registration
             self._fail(reg, LoomError(f"internal error while building model '{doc.model}': "
                                       f"{type(exc).__name__}: {exc}"))
+
+    def _load_tokenizer(self, reg: Registration) -> Any:
+        ref = reg.document.tokenizer
+        try:
+            if ref.where == "package":
+                return Tokenizer.from_str(reg.package[ref.path].decode("utf-8"))
+            return load_tokenizer(code_path(ref))
+        except LoomError:
+            raise
+        except Exception as exc:
+            raise LoomError(f"model '{reg.name}': cannot load tokenizer {ref.authored!r}: {exc}",
+                            param="tokenizer") from None
 
     def _prepare(self, reg: Registration, component: str) -> dict[str, Any]:
         """Run the component's `prepare` program against its checkpoint (once per activation)."""
@@ -261,17 +291,24 @@ class Registry:
             self.devices.set(component.device.key, owner, "state", reg.state_bytes)
             if reg.removing:
                 return
-            reg.service = StageService(reg.name, reg.executables, component, self.residency, state,
-                                       reg.document.pending_capacity,
-                                       variant=reg.variants.selected if reg.variants else None,
-                                       max_active=reg.document.rows)
+            common = dict(variant=reg.variants.selected if reg.variants else None, max_active=reg.document.rows)
+            if reg.document.kind == "text":
+                reg.service = TextService(reg.name, reg.executables, component, self.residency, state,
+                                          reg.document.pending_capacity, tokenizer=reg.tokenizer,
+                                          control_vm=reg.policy.vm,
+                                          page_size=config_constant(reg.executables.checked, PAGE_SIZE_CONFIG),
+                                          context_length=reg.document.context_length, **common)
+            else:
+                reg.service = StageService(reg.name, reg.executables, component, self.residency, state,
+                                           reg.document.pending_capacity, **common)
         self._set_phase(reg, "ready")
 
     # ---- admission ----------------------------------------------------------------------------
 
-    def submit(self, name: str, job: Job) -> Future:
-        """Queue a job on the deployment's service (HTTP inference goes through here)."""
-        reg = self.get(name)
+    def check_admission(self, reg: Registration, *, need_service: bool = True) -> None:
+        """Unavailable (503) unless the deployment admits requests now. Utilities that need no
+        weights (input-token counts, tokenization) pass `need_service=False`: compiled suffices."""
+        name = reg.name
         with self._lock:
             if reg.removing:
                 raise Unavailable(f"model '{name}' is being removed")
@@ -279,9 +316,29 @@ class Registry:
                 raise Unavailable(f"model '{name}' failed to load: {reg.error.message}")
             if reg.admission == "drained":
                 raise Unavailable(f"model '{name}' is drained and admits no requests")
-            if reg.phase != "ready":
+            ready = reg.phase == "ready" if need_service else reg.executables is not None
+            if not ready:
                 raise Unavailable(f"model '{name}' is not ready yet ({reg.phase})")
+
+    def submit(self, name: str, job: Job) -> Future:
+        """Queue a job on the deployment's service (HTTP inference goes through here)."""
+        reg = self.get(name)
+        with self._lock:
+            self.check_admission(reg)
             return reg.service.submit(job)
+
+    def admit_utility(self, reg: Registration) -> None:
+        """Count one CPU utility request (an input-token count) against the deployment's bound:
+        one running plus `pending_capacity` waiting; more is QueueFull (503)."""
+        self.check_admission(reg, need_service=False)
+        with self._lock:
+            if reg.utility_in_flight >= reg.document.pending_capacity + 1:
+                raise QueueFull(f"model '{reg.name}': the count queue is full; retry later")
+            reg.utility_in_flight += 1
+
+    def release_utility(self, reg: Registration) -> None:
+        with self._lock:
+            reg.utility_in_flight -= 1
 
     def drain(self, name: str) -> Registration:
         return self._gate(name, "drained")

@@ -24,10 +24,15 @@ PAGE_SIZE_CONFIG = "page_size"
 
 
 def config_constant(checked: Any, name: str) -> Any | None:
-    """The folded value of the control program's `config NAME`, or None."""
+    """The folded value of `config NAME`: as the control program sees it, else as declared in
+    any module of the program (a config module the control program does not import), or None."""
     for info in checked.roles.get("control", []):
         sym = info.scope.get(name)
         if sym is not None and isinstance(sym.item, ast.Config):
+            return checked.core.config_value(sym)
+    for info in checked.modules:
+        sym = info.scope.get(name)
+        if sym is not None and isinstance(sym.item, ast.Config) and sym.module is info:
             return checked.core.config_value(sym)
     return None
 

@@ -28,8 +28,8 @@ def model_object(reg: Registration) -> dict[str, Any]:
     endpoint, inputs, outputs = KIND_ROUTES[doc.kind]
     if doc.image is not None:
         inputs = inputs + ["image"]
-    loom: dict[str, Any] = {"kind": doc.kind, "endpoint": endpoint, "tokenize": doc.tokenizer is not None,
-                            "input_tokens": bool(getattr(reg.service, "input_tokens", False)),
+    loom: dict[str, Any] = {"kind": doc.kind, "endpoint": endpoint, "tokenize": reg.tokenizer is not None,
+                            "input_tokens": reg.policy is not None,
                             "admission": reg.admission,
                             "resident": all(c.resident for c in reg.components.values())}
     if doc.kind == "text":

@@ -61,12 +61,13 @@ async def stage(request: web.Request) -> web.StreamResponse:
     registry = request.app[REGISTRY]
     variant = registry.stage_variant(model, base, body["sources"], base_directory=body.get("base_directory"),
                                      package=upload.package, origin=upload.origin)
+    # the table is taken now (no await since staging): a removal that completes while this
+    # request waits cannot turn a finished compilation's answer into a 404/409
+    table = registry.get(model).variants
     if not wait:
-        return json_response({"selected": registry.list_variants(model)["selected"], "variant": variant.record()},
-                             202)
+        return json_response({"selected": table.selected, "variant": variant.record()}, 202)
     await asyncio.to_thread(registry.wait_variant, model, variant)
-    selected = registry.get(model).variants.selected
-    return json_response({"selected": selected, "variant": variant.record(detailed=True)},
+    return json_response({"selected": table.selected, "variant": variant.record(detailed=True)},
                          200 if variant.phase == "ready" else 422)
 
 

@@ -34,6 +34,7 @@ class Step:
 
 
 _job_ids = itertools.count(1)
+IDLE_RECHECK_S = 1.0  # a paused worker re-checks this often even if a wake was missed
 
 
 class Job:
@@ -168,12 +169,42 @@ class StageService:
         if self._stopping == "abort":
             for job in list(self._pending) + self._active:
                 job.cancel(Gone(f"model '{self.model}' was unregistered (abort) before the request finished"))
-        while self._pending and (self.max_active is None or len(self._active) < self.max_active):
-            self._active.append(self._pending.popleft())
+        for job in [j for j in self._pending if j.cancelled is not None]:
+            self._pending.remove(job)
+            settle.append(lambda job=job: self._resolve(job, job.cancelled))
         for job in [j for j in self._active if j.cancelled is not None]:
             self._active.remove(job)
-            settle.append(lambda job=job: job.future.set_exception(job.cancelled))
-        return list(self._active)
+            self._released(job)
+            settle.append(lambda job=job: self._resolve(job, job.cancelled))
+        while self._pending and (self.max_active is None or len(self._active) < self.max_active) \
+                and self._start(self._pending[0]):
+            self._active.append(self._pending.popleft())
+        return self._runnable(self._active)
+
+    # ---- hooks for modality services (called under the lock, except `_resolve`) -----------------
+
+    def _start(self, job: Job) -> bool:
+        """Whether the oldest pending job can start now (a text service reserves its pages here)."""
+        return True
+
+    def _released(self, job: Job) -> None:
+        """A job left the active set (finished, failed or cancelled): free what it held."""
+
+    def _runnable(self, active: list[Job]) -> list[Job]:
+        """The active jobs to step in this pass (a text service skips rows out of output credit)."""
+        return list(active)
+
+    def _resolve(self, job: Job, error: LoomError | None) -> None:
+        """Deliver a job's outcome (outside the lock)."""
+        if error is None:
+            job.future.set_result(job.outputs)
+        else:
+            job.future.set_exception(error)
+
+    def wake(self) -> None:
+        """Something a paused job waited for happened (a reader took output): look again."""
+        with self._cond:
+            self._cond.notify_all()
 
     def _run(self) -> None:
         try:
@@ -183,7 +214,9 @@ class StageService:
                     while not (self._pending or self._active or self._selection or self._stopping):
                         self._cond.wait()
                     jobs = self._boundary(settle)
-                    finished = not jobs and self._stopping is not None
+                    finished = not self._active and not self._pending and self._stopping is not None
+                    if not jobs and not finished and not settle:
+                        self._cond.wait(IDLE_RECHECK_S)  # everything active is paused: wait for a wake
                 for resolve in settle:
                     resolve()
                 if finished:
@@ -232,10 +265,8 @@ class StageService:
         with self._cond:
             if job in self._active:
                 self._active.remove(job)
-        if error is None:
-            job.future.set_result(job.outputs)
-        else:
-            job.future.set_exception(error)
+                self._released(job)
+        self._resolve(job, error)
 
     def _fail_all(self, jobs: list[Job], error: LoomError) -> None:
         for job in jobs:

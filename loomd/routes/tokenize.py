@@ -1,0 +1,93 @@
+"""Raw tokenization: `POST /tokenize` and `POST /detokenize` (spec: "Raw tokenization").
+
+CPU utilities over the deployment's loaded tokenizer: no chat template, no weights, no row.
+Bounds: 1 MiB of text and 262,144 tokens either way (413 beyond). `with_pieces: false` is
+accepted and `true` rejects (this contract exposes no raw token bytes); the aliases other
+servers accept (`prompt`, `add_special_tokens`, ...) are unknown fields here, so they are
+400 like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from loomd.app import REGISTRY
+from loomd.bodies import json_body
+from loomd.errors import json_response
+from loomrt.errors import InvalidRequest, LoomError, NotFound, PayloadTooLarge
+from loomrt.fields import expect_string, fields_of
+from loomrt.registry import Registration
+
+MAX_TEXT_BYTES = 1 << 20
+MAX_TOKENS = 262_144
+
+
+def _tokenizer_of(request: web.Request, body: dict[str, Any]) -> tuple[Registration, Any]:
+    registry = request.app[REGISTRY]
+    reg = registry.get(expect_string("model", body["model"]))
+    registry.check_admission(reg, need_service=False)
+    if reg.tokenizer is None:
+        raise NotFound(f"model '{reg.name}' has no tokenizer", param="model")
+    return reg, reg.tokenizer
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{key}: expected boolean, got {value!r}", param=key)
+    return value
+
+
+def _encode(tokenizer: Any, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    try:
+        if parse_special:
+            return tokenizer.encode(text, add_special_tokens=add_special).ids
+        plain = tokenizer.__class__.from_str(tokenizer.to_str())
+        plain.encode_special_tokens = True  # special-token text is ordinary text here
+        return plain.encode(text, add_special_tokens=add_special).ids
+    except Exception as exc:
+        raise LoomError(f"the tokenizer failed: {exc}") from None
+
+
+async def tokenize(request: web.Request) -> web.StreamResponse:
+    body = fields_of(await json_body(request), ("model", "content"), ("add_special", "parse_special",
+                                                                      "with_pieces"))
+    _, tokenizer = _tokenizer_of(request, body)
+    if _flag(body, "with_pieces", False):
+        raise InvalidRequest("with_pieces: only false is supported (token pieces are not exposed)",
+                             param="with_pieces")
+    content = expect_string("content", body["content"])
+    if len(content.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        raise PayloadTooLarge(f"content is larger than {MAX_TEXT_BYTES} bytes")
+    ids = await asyncio.to_thread(_encode, tokenizer, content, _flag(body, "add_special", False),
+                                  _flag(body, "parse_special", True))
+    if len(ids) > MAX_TOKENS:
+        raise PayloadTooLarge(f"content is more than {MAX_TOKENS} tokens")
+    return json_response({"tokens": ids})
+
+
+async def detokenize(request: web.Request) -> web.StreamResponse:
+    body = fields_of(await json_body(request), ("model", "tokens"))
+    _, tokenizer = _tokenizer_of(request, body)
+    tokens = body["tokens"]
+    if not isinstance(tokens, list):
+        raise InvalidRequest("tokens: expected an array of token ids", param="tokens")
+    if len(tokens) > MAX_TOKENS:
+        raise PayloadTooLarge(f"tokens: more than {MAX_TOKENS} ids")
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise InvalidRequest(f"tokens[{i}]: expected a token id in 0..{vocab - 1}, got {t!r}", param="tokens")
+    try:
+        text = await asyncio.to_thread(tokenizer.decode, tokens, skip_special_tokens=False)
+    except Exception as exc:
+        raise LoomError(f"the tokenizer failed: {exc}") from None
+    return json_response({"content": text})
+
+
+def add_routes(add) -> None:
+    add("POST", "/tokenize", tokenize)
+    add("POST", "/detokenize", detokenize)

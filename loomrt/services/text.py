@@ -1,0 +1,326 @@
+"""The text service: continuous batching of generations over rows and a shared KV page pool.
+
+Every pass packs one step for the stage `prefill_decode` (the text source contract,
+`docs/source-contracts.md`): each decoding row contributes its last sampled token, and
+prompts contribute chunks from a per-step budget, so prefill and decode share steps and
+requests join and leave between them. Only the selected token ids come back to the host.
+Each generation reserves its KV pages when it starts (prompt + output budget, capped by the
+context) and frees them when it ends, fails or is cancelled.
+
+Output goes through a bounded `Outbox` per generation: a row whose reader has not taken
+`credit` events is skipped by the scheduler until it does, so a slow reader pauses only its
+own row. Text deltas come from incremental detokenization, passed through the control
+program's `publish` policy (safe boundaries, tool calls, reasoning split) when it has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loomrt.detokenize import IncrementalDecoder
+from loomrt.errors import InvalidRequest, LoomError, VmError
+from loomrt.kv import PagePool
+from loomrt.services.base import Job, StageService
+
+STEP_STAGE = "prefill_decode"
+PUBLISH_FN = "publish"
+PREFILL_CHUNK = 256
+DEFAULT_CREDIT = 64
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+class Outbox:
+    """Events from the service worker to one reader, bounded by output credit.
+
+    The worker `put`s ("delta", {...}), ("done", {...}) or ("error", LoomError); the reader
+    takes them with `get` (a thread) or `aget` (an asyncio task on the loop given)."""
+
+    def __init__(self, credit: int = DEFAULT_CREDIT, loop: asyncio.AbstractEventLoop | None = None):
+        self.credit = credit
+        self._events: collections.deque[tuple[str, Any]] = collections.deque()
+        self._cond = threading.Condition()
+        self._loop = loop
+        self._ready = asyncio.Event() if loop is not None else None
+        self.wake_worker = lambda: None
+
+    def put(self, kind: str, payload: Any) -> None:
+        with self._cond:
+            self._events.append((kind, payload))
+            self._cond.notify_all()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    def has_credit(self) -> bool:
+        with self._cond:
+            return len(self._events) < self.credit
+
+    def _take(self) -> tuple[str, Any]:
+        full = len(self._events) >= self.credit
+        event = self._events.popleft()
+        if full:
+            self.wake_worker()
+        return event
+
+    def get(self, timeout: float | None = None) -> tuple[str, Any]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._events, timeout):
+                raise TimeoutError("no output event in time")
+            return self._take()
+
+    async def aget(self) -> tuple[str, Any]:
+        assert self._ready is not None, "Outbox.aget needs the loop it was created with"
+        while True:
+            with self._cond:
+                if self._events:
+                    return self._take()
+                self._ready.clear()
+            await self._ready.wait()
+
+
+class Generation(Job):
+    """One chat generation: prompt ids, output budget, sampling, stop ids, policy state."""
+
+    def __init__(self, prompt: list[int], max_tokens: int, sampling: Sampling, stop_ids: list[int] | tuple = (),
+                 policy_state: Any = None, *, outbox: Outbox | None = None, kind: str = "chat"):
+        super().__init__([], kind=kind)
+        self.prompt = [int(t) for t in prompt]
+        self.max_tokens = max_tokens
+        self.sampling = sampling
+        self.seed = sampling.seed if sampling.seed is not None else secrets.randbits(64)
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.policy_state = policy_state
+        self.outbox = outbox or Outbox()
+        self.generated: list[int] = []
+        self.kv = 0                         # positions written to the KV cache
+        self.pages: list[int] = []
+        self.decoder: IncrementalDecoder | None = None
+        self.published = ""
+        self.reasoning = ""
+        self.finish_reason: str | None = None
+        self.tool_calls: list[dict[str, Any]] | None = None
+        self.cached_tokens = 0
+        self._wake = lambda: None
+
+    @property
+    def prefilled(self) -> bool:
+        return self.kv >= len(self.prompt)
+
+    def cancel(self, reason: LoomError | None = None) -> None:
+        super().cancel(reason)
+        self._wake()
+
+    def usage(self) -> dict[str, Any]:
+        return {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.generated),
+                "total_tokens": len(self.prompt) + len(self.generated),
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def describe(self, state: str) -> dict[str, Any]:
+        out = super().describe(state)
+        out.update(prompt_tokens=len(self.prompt), completion_tokens=len(self.generated), pages=len(self.pages))
+        return out
+
+
+class TextService(StageService):
+    def __init__(self, *args: Any, tokenizer: Any, control_vm: Any, page_size: int, context_length: int,
+                 prefill_chunk: int = PREFILL_CHUNK, **kwargs: Any):
+        self.tokenizer = tokenizer
+        self.vm = control_vm
+        self.context_length = context_length
+        self.prefill_chunk = prefill_chunk
+        self.has_publish = control_vm is not None and control_vm.has(PUBLISH_FN)
+        state = kwargs["state"] if "state" in kwargs else args[4]
+        pages = next((a.shape[0] for a in state.values()), 0)
+        self.pool = PagePool(pages, page_size)
+        self.pages_per_row = self.pool.pages_for(context_length)
+        super().__init__(*args, **kwargs)
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Any:
+        if not isinstance(job, Generation):
+            raise InvalidRequest("a text deployment serves generations")
+        if not job.prompt:
+            raise InvalidRequest("the rendered prompt is empty: nothing to continue from")
+        if len(job.prompt) > self.context_length:
+            raise InvalidRequest(f"the prompt needs {len(job.prompt)} tokens, but model '{self.model}' has a "
+                                 f"context of {self.context_length} tokens per request", param="messages")
+        job._wake = self.wake
+        job.outbox.wake_worker = self.wake
+        return super().submit(job)
+
+    def counts(self) -> dict[str, int]:
+        out = super().counts()
+        with self._cond:
+            out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0)
+        return out
+
+    def _start(self, job: Generation) -> bool:
+        pages = self.pool.reserve(min(len(job.prompt) + job.max_tokens, self.context_length))
+        if pages is None:
+            return False
+        job.pages = pages
+        job.decoder = IncrementalDecoder(self.tokenizer)
+        return True
+
+    def _released(self, job: Generation) -> None:
+        self.pool.release(job.pages)
+        job.pages = []
+
+    def _runnable(self, active: list[Job]) -> list[Job]:
+        return [g for g in active if g.cancelled is None and (not g.prefilled or g.outbox.has_credit())]
+
+    def _resolve(self, job: Generation, error: LoomError | None) -> None:
+        if error is None:
+            payload = {"finish_reason": job.finish_reason, "usage": job.usage(), "content": job.published,
+                       "reasoning_content": job.reasoning or None, "tool_calls": job.tool_calls}
+            job.outbox.put("done", payload)
+            job.future.set_result(payload)
+        else:
+            job.outbox.put("error", error)
+            job.future.set_exception(error)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def _pass(self, jobs: list[Job]) -> None:
+        try:
+            params = self.residency.acquire(self.component)
+        except LoomError as exc:
+            self._fail_all(jobs, exc)
+            return
+        try:
+            self._step_rows(jobs, params)
+        finally:
+            self.residency.release(self.component)
+            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
+            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
+
+    def _plan(self, jobs: list[Generation]) -> list[tuple[Generation, list[int], int, bool]]:
+        """(generation, tokens to feed, first position, whether to sample) per row of this step."""
+        plan = []
+        for g in jobs:
+            if g.prefilled:
+                plan.append((g, [g.generated[-1]], g.kv, True))
+        budget = max(self.prefill_chunk, 1)
+        for g in jobs:
+            if not g.prefilled and budget > 0:
+                n = min(len(g.prompt) - g.kv, budget)
+                budget -= n
+                plan.append((g, g.prompt[g.kv:g.kv + n], g.kv, g.kv + n == len(g.prompt)))
+        return plan
+
+    def _step_rows(self, jobs: list[Generation], params: dict[str, Any]) -> None:
+        plan = self._plan(jobs)
+        if not plan:
+            return
+        R, P = len(plan), self.pages_per_row
+        tokens, positions, rows, last = [], [], [], np.zeros(R, np.int32)
+        page_table = np.zeros((R, P), np.int32)
+        temperature, top_p = np.zeros(R, np.float32), np.ones(R, np.float32)
+        top_k, seed, counter = np.zeros(R, np.int32), np.zeros(R, np.uint64), np.zeros(R, np.uint64)
+        for r, (g, feed, start, _) in enumerate(plan):
+            tokens += feed
+            positions += range(start, start + len(feed))
+            rows += [r] * len(feed)
+            last[r] = len(tokens) - 1
+            page_table[r, :len(g.pages)] = g.pages
+            temperature[r], top_p[r], top_k[r] = g.sampling.temperature, g.sampling.top_p, g.sampling.top_k
+            seed[r], counter[r] = g.seed, len(g.generated)
+        inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
+                  "rows": np.asarray(rows, np.int32), "page_table": page_table, "last": last,
+                  "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed, "counter": counter}
+        try:
+            out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
+        except LoomError as exc:
+            self._fail_all([p[0] for p in plan], exc)
+            return
+        except Exception as exc:  # a bug below us: fail these rows, keep serving
+            self._fail_all([p[0] for p in plan], LoomError(f"stage '{STEP_STAGE}' failed: {type(exc).__name__}: "
+                                                           f"{exc}"))
+            return
+        self.steps_run += 1
+        for r, (g, feed, _, sample) in enumerate(plan):
+            g.kv += len(feed)
+            if sample:
+                self._advance(g, int(out["next"][r]))
+
+    def _advance(self, g: Generation, token: int) -> None:
+        g.generated.append(token)
+        try:
+            if token in g.stop_ids:
+                self._complete(g, "stop")
+                return
+            delta = g.decoder.push(token)
+            if delta:
+                self._publish(g, final=False)
+            if len(g.generated) >= g.max_tokens or len(g.prompt) + len(g.generated) > self.context_length:
+                self._complete(g, "length")
+        except LoomError as exc:
+            self._finish(g, exc)
+
+    def _publish(self, g: Generation, final: bool) -> None:
+        text = g.decoder.text
+        if not self.has_publish:
+            content, reasoning, calls = text, "", None
+        else:
+            try:
+                result = self.vm.call(PUBLISH_FN, [g.policy_state, text, final])
+            except VmError:
+                raise
+            if not isinstance(result, dict) or not isinstance(result.get("content", ""), str):
+                raise LoomError("the control program's publish() must return a map with a string 'content'")
+            content = result.get("content", "")
+            reasoning = result.get("reasoning_content") or ""
+            calls = result.get("tool_calls") if final else None
+        if not content.startswith(g.published) or not reasoning.startswith(g.reasoning):
+            raise LoomError("the control program's publish() withdrew text it had already published")
+        delta, reasoning_delta = content[len(g.published):], reasoning[len(g.reasoning):]
+        g.published, g.reasoning = content, reasoning
+        if delta or reasoning_delta:
+            event: dict[str, Any] = {}
+            if reasoning_delta:
+                event["reasoning_content"] = reasoning_delta
+            if delta:
+                event["content"] = delta
+            g.outbox.put("delta", event)
+        if final and calls:
+            g.tool_calls = _tool_calls(g, calls)
+
+    def _complete(self, g: Generation, reason: str) -> None:
+        g.decoder.flush()
+        self._publish(g, final=True)
+        g.finish_reason = "tool_calls" if g.tool_calls else reason
+        self._finish(g, None)
+
+
+def _tool_calls(g: Generation, calls: Any) -> list[dict[str, Any]]:
+    import json
+
+    if not isinstance(calls, list):
+        raise LoomError("the control program's publish() returned tool_calls that are not a list")
+    out = []
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise LoomError("each tool call from publish() needs a string 'name'")
+        arguments = call.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        out.append({"id": f"call_{g.id}_{i}", "type": "function",
+                    "function": {"name": call["name"], "arguments": arguments}})
+    return out
+
+
+__all__ = ["Generation", "Outbox", "Sampling", "TextService"]
