@@ -140,6 +140,8 @@ class _Splitter(FreshNames):
         out: list = [ir.Declare(end, "i64", loop.end)]
         out += [ir.LocalArray(parts[acc], dtype, CHUNK) for acc, dtype in accumulators.items()]
         chunk_body: list = []
+        hoisted: dict[ir.Expr, str] = {}  # block scale/min -> its local, read once per block
+        per_lane: set[str] = {k}
         for h in range(CHUNK // HALF):
             base = self.fresh(f"{k}_base")
             count = self.fresh(f"{k}_count")
@@ -153,10 +155,21 @@ class _Splitter(FreshNames):
             for s in loop.body:
                 if isinstance(s, ir.Declare):
                     renames[s.name] = self.fresh(s.name)
+            per_lane |= {lane, *renames, *renames.values()}
             slot = ir.Ref(lane, "i64") if h == 0 else ir.Binary("add", _i64(HALF * h), ir.Ref(lane, "i64"), "i64")
+
+            def hoist(x: ir.Expr) -> ir.Expr | None:
+                """A block scale or minimum that no lane variable reaches: read it once, before
+                the lane loops (the f16 decode is otherwise redone for every element)."""
+                if isinstance(x, (ir.QuantScale, ir.QuantMin)) and not refs(x.block) & per_lane:
+                    if x not in hoisted:
+                        hoisted[x] = self.fresh(f"{x.buf}_{'scale' if isinstance(x, ir.QuantScale) else 'min'}")
+                    return ir.Ref(hoisted[x], x.dtype)
+                return None
 
             def local(e: ir.Expr, h=h, lane=lane, renames=renames) -> ir.Expr:
                 e = rewrite(e, lambda x: _quant_index(x, k, k0, h, lane))
+                e = rewrite(e, hoist)
                 return rewrite(e, lambda x: ir.Ref(renames[x.name], x.dtype)
                                if isinstance(x, ir.Ref) and x.name in renames else None)
 
@@ -168,7 +181,8 @@ class _Splitter(FreshNames):
                     current = ir.Load(parts[s.name], slot, dtype)
                     inner.append(ir.Store(parts[s.name], slot, ir.Binary("add", current, local(s.value.b), dtype)))
             chunk_body.append(ir.For(lane, "i64", _i64(0), ir.Ref(count, "i64"), tuple(inner)))
-        out.append(ir.For(k0, "i64", _i64(0), ir.Ref(end, "i64"), tuple(chunk_body), step=CHUNK))
+        loads = [ir.Declare(name, x.dtype, x) for x, name in hoisted.items()]
+        out.append(ir.For(k0, "i64", _i64(0), ir.Ref(end, "i64"), tuple(loads + chunk_body), step=CHUNK))
         for acc, dtype in accumulators.items():  # a pairwise tree: 5 dependent adds, not 32
             width = CHUNK // 2
             while width:

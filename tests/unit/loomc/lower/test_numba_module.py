@@ -1,10 +1,8 @@
 """Generated numba modules: headers, content-addressed files written atomically, `loomc emit`."""
 
-import importlib.util
 import re
 from pathlib import Path
 
-import pytest
 
 from click.testing import CliRunner
 
@@ -73,14 +71,6 @@ def test_emit_filters_kernels_and_prints_ir(repo):
     assert "kernel argmax(logits: f32[R, V], out next: i32[R])" in result.output
     missing = CliRunner().invoke(main, ["emit", "--kernel", "nope", motifs])
     assert missing.exit_code == 1 and "no kernel named nope" in missing.output
-
-
-def test_emit_cuda_is_not_built_yet(repo):
-    if importlib.util.find_spec("loomc.lower.cuda") is not None:
-        pytest.skip("the CUDA renderer exists; its own tests cover `emit --target cuda`")
-    result = CliRunner().invoke(main, ["emit", "--target", "cuda", str(repo / "loomc" / "motifs" / "norms.loom")])
-    assert result.exit_code == 1
-    assert "the cuda renderer is not built yet" in result.output
 
 
 def test_emit_reports_diagnostics_without_a_traceback(tmp_path):

