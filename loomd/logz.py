@@ -1,6 +1,7 @@
 """The server's structured log journal: bounded, with monotonically numbered entries.
 
-Registry lifecycle events and request events are appended from any thread; readers poll
+Registry lifecycle events and completed inference requests (`event: "request"`, from the
+inference routes) are appended from any thread; readers poll
 (`GET /logz`, JSONL, a cursor) or stream (`GET /logz/stream`, SSE, event ids) with their own
 cursors. A cursor older than the retained window gets an explicit gap record naming what
 was lost, never a silent jump.

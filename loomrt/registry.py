@@ -665,7 +665,8 @@ class Registry:
             found = reg.service.sessions() if reg.service is not None else None
             if found is None:
                 if model is not None:
-                    raise NotImplementedFeature(f"model '{model}' has no retained-text service, so no sessions")
+                    raise NotImplementedFeature(f"model '{model}' has no retained-text service, so no sessions",
+                                                param="model")
                 continue
             out += found
         for order, item in enumerate(out, 1):

@@ -172,8 +172,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if header in request.headers:
             raise InvalidRequest(f"{header} is not supported by this server yet", param=header)
     prepared = await asyncio.to_thread(reg.policy.prepare, body)
+    # A complete response reads only the outcome: its text deltas are not kept, or they would
+    # exhaust the row's output credit and pause the generation with nobody to read them.
     gen = Generation(prepared.prompt, max_tokens, prepared.sampling, prepared.stop_ids, prepared.state,
-                     outbox=Outbox(loop=asyncio.get_running_loop()))
+                     outbox=Outbox(loop=asyncio.get_running_loop(), deltas=stream))
     future = request.app[REGISTRY].submit(reg.name, gen)
     request.app[METRICS].tokens.labels(reg.name, "input").inc(len(gen.prompt))
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from loomrt.errors import InvalidRequest
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 KEEPALIVE_S = 15.0
+WAIT_SLICE_S = 1.0
 _DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,17})$")
 
 
@@ -36,11 +38,22 @@ def _no_unknown_query(request: web.Request, known: tuple[str, ...]) -> None:
             raise InvalidRequest(f"unknown query parameter {key!r} (known: {', '.join(known)})", param=key)
 
 
+def _not_ahead(journal, cursor: int, name: str) -> None:
+    """A cursor this process never issued (ahead of the newest entry, e.g. from before a
+    restart) would silently skip the entries up to it: reject it instead."""
+    newest = journal.last_id
+    if cursor > newest:
+        raise InvalidRequest(f"{name} {cursor} is ahead of the newest log entry ({newest}); "
+                             "ids restart with the server", param=name)
+
+
 async def logz(request: web.Request) -> web.StreamResponse:
     _no_unknown_query(request, ("cursor", "limit"))
     cursor = _query_int(request, "cursor", 0, 0, 2**62)
     limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
-    entries, gap = request.app[JOURNAL].since(cursor, limit)
+    journal = request.app[JOURNAL]
+    _not_ahead(journal, cursor, "cursor")
+    entries, gap = journal.since(cursor, limit)
     lines = ([gap] if gap else []) + entries
     following = entries[-1]["id"] if entries else max(cursor, (gap or {}).get("to", cursor))
     body = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in lines)
@@ -60,24 +73,40 @@ async def logz_stream(request: web.Request) -> web.StreamResponse:
         if not _DECIMAL.match(last.strip()):
             raise InvalidRequest(f"Last-Event-ID must be a decimal event id, got {last!r}")
         cursor = int(last.strip())
+        _not_ahead(journal, cursor, "Last-Event-ID")
     else:
         cursor = _query_int(request, "cursor", journal.last_id, 0, 2**62)
+        _not_ahead(journal, cursor, "cursor")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     settings = request.app[SETTINGS]
-    while not settings.stopping:
-        entries, gap = journal.since(cursor, MAX_PAGE)
-        if gap:
-            await response.write(_sse("gap", gap, gap["to"]))
-            cursor = gap["to"]
-        for entry in entries:
-            await response.write(_sse("log", entry, entry["id"]))
-            cursor = entry["id"]
-        if not entries and not gap:
-            await journal.wait(cursor, KEEPALIVE_S)
-            if journal.last_id <= cursor:
+    written = time.monotonic()
+    try:
+        while not settings.stopping and not _client_gone(request):
+            entries, gap = journal.since(cursor, MAX_PAGE)
+            if gap:
+                await response.write(_sse("gap", gap, gap["to"]))
+                cursor = gap["to"]
+            for entry in entries:
+                await response.write(_sse("log", entry, entry["id"]))
+                cursor = entry["id"]
+            if entries or gap:
+                written = time.monotonic()
+                continue
+            # Wait in short slices so a departed client or a stopping server ends the stream
+            # promptly; a keepalive goes out only after KEEPALIVE_S without any event.
+            await journal.wait(cursor, WAIT_SLICE_S)
+            if journal.last_id <= cursor and time.monotonic() - written >= KEEPALIVE_S:
                 await response.write(b": keepalive\n\n")
+                written = time.monotonic()
+    except ConnectionResetError:  # the client left mid-write: the stream simply ends
+        pass
     return response
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:
