@@ -17,7 +17,7 @@ from aiohttp import web
 from loomd.framing import read_body
 from loomd.multipart import parse_multipart
 from loomrt.errors import InvalidRequest
-from loomrt.fields import decode_object
+from loomrt.fields import U64_LIMIT, decode_object
 from loomrt.package import PackageFiles, validate_member_name
 
 DEFAULT_REQUEST_FILENAME = "request.json"
@@ -48,7 +48,7 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     raw = await read_body(request, _limit(request))
     if request.content_type not in ("application/json", "application/octet-stream") and raw:
         raise InvalidRequest(f"expected Content-Type application/json, got {request.content_type!r}")
-    return decode_object(raw, "request body")
+    return decode_object(raw, "request body", U64_LIMIT)
 
 
 async def json_or_package(request: web.Request) -> Upload:

@@ -16,6 +16,7 @@ from loomc import strict_json
 from loomrt.errors import InvalidRequest
 
 INT_LIMIT = 2**63  # larger integers fail in the decoder, before any field sees them
+U64_LIMIT = 2**64  # inference request bodies: any u64 (a sampling seed) reaches the policy
 
 
 def shown(value: Any) -> str:
@@ -65,8 +66,11 @@ def expect_name(path: str, value: Any, what: str) -> str:
     return text
 
 
-def decode_object(text_or_bytes: str | bytes, what: str = "request body") -> dict[str, Any]:
-    """A strict JSON object (`loomc.strict_json`); a duplicate key is named by its dotted path."""
+def decode_object(text_or_bytes: str | bytes, what: str = "request body", int_limit: int = INT_LIMIT
+                  ) -> dict[str, Any]:
+    """A strict JSON object (`loomc.strict_json`); a duplicate key is named by its dotted path.
+    Integers must stay below `int_limit` in magnitude (documents: 2^63; inference bodies
+    allow the full u64 range, e.g. a seed, and leave the policy to judge them)."""
     if isinstance(text_or_bytes, (bytes, bytearray)):
         try:
             text = bytes(text_or_bytes).decode("utf-8")
@@ -75,7 +79,7 @@ def decode_object(text_or_bytes: str | bytes, what: str = "request body") -> dic
     else:
         text = text_or_bytes
     try:
-        doc = strict_json.loads(text, int_limit=INT_LIMIT)
+        doc = strict_json.loads(text, int_limit=int_limit)
     except strict_json.StrictJsonError as exc:
         dup = first_duplicate(text) if str(exc).startswith("duplicate key") else None
         if dup is not None:
@@ -129,5 +133,5 @@ def fields_of(obj: dict[str, Any], required: tuple[str, ...], optional: tuple[st
     return obj
 
 
-__all__ = ["INT_LIMIT", "decode_object", "expect_integer", "expect_name", "expect_object", "expect_string",
+__all__ = ["INT_LIMIT", "U64_LIMIT", "decode_object", "expect_integer", "expect_name", "expect_object", "expect_string",
            "fail", "fields_of", "first_duplicate", "reject_unknown", "shown"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from loomd.app import METRICS, REGISTRY
+from loomd.app import JOURNAL, METRICS, REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import error_body, json_response
 from loomrt.errors import InvalidRequest, LoomError, NotFound
@@ -177,6 +177,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gen = Generation(prepared.prompt, max_tokens, prepared.sampling, prepared.stop_ids, prepared.state,
                      outbox=Outbox(loop=asyncio.get_running_loop(), deltas=stream))
     future = request.app[REGISTRY].submit(reg.name, gen)
+    future.add_done_callback(lambda f: _log_outcome(request, gen, stream, f))
     request.app[METRICS].tokens.labels(reg.name, "input").inc(len(gen.prompt))
     try:
         if stream:
@@ -187,6 +188,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except (asyncio.CancelledError, ConnectionError):
         gen.cancel()  # the client left: its row and pages are freed at the next step boundary
         raise
+
+
+def _log_outcome(request: web.Request, gen: Generation, stream: bool, future) -> None:
+    """One `/logz` record per finished generation (runs on the service worker thread)."""
+    error = future.exception()
+    record = {"event": "request", "route": request.path, "model": gen.model, "request": gen.id, "stream": stream,
+              "prompt_tokens": len(gen.prompt), "completion_tokens": len(gen.generated),
+              "duration_ms": round(1000 * (time.time() - gen.created), 1)}
+    if error is None:
+        record["finish_reason"] = gen.finish_reason
+    else:
+        record["error"] = {"code": getattr(error, "code", "internal_error"), "message": str(error)}
+    request.app[JOURNAL].publish(record)
 
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:

@@ -47,10 +47,14 @@ class Outbox:
     """Events from the service worker to one reader, bounded by output credit.
 
     The worker `put`s ("delta", {...}), ("done", {...}) or ("error", LoomError); the reader
-    takes them with `get` (a thread) or `aget` (an asyncio task on the loop given)."""
+    takes them with `get` (a thread) or `aget` (an asyncio task on the loop given). A reader
+    that wants only the outcome (a complete, non-streamed response) passes `deltas=False`:
+    text deltas are then not kept, so they never use up the row's credit."""
 
-    def __init__(self, credit: int = DEFAULT_CREDIT, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, credit: int = DEFAULT_CREDIT, loop: asyncio.AbstractEventLoop | None = None, *,
+                 deltas: bool = True):
         self.credit = credit
+        self.deltas = deltas
         self._events: collections.deque[tuple[str, Any]] = collections.deque()
         self._cond = threading.Condition()
         self._loop = loop
@@ -58,6 +62,8 @@ class Outbox:
         self.wake_worker = lambda: None
 
     def put(self, kind: str, payload: Any) -> None:
+        if kind == "delta" and not self.deltas:
+            return
         with self._cond:
             self._events.append((kind, payload))
             self._cond.notify_all()

@@ -1,0 +1,365 @@
+"""Chat completions served by a real `loomd` running scout (spec: "Chat completions").
+
+Three daemons, each started once: `scout` (4 rows, plus the tiny `mini` model, which is
+not a text deployment) for results, validation and batching; `busy` (1 row, 1 pending
+slot) for admission; and a dedicated one that the SIGTERM test stops. Generations are
+greedy (temperature 0) and short, so every expectation is about the protocol and about
+requests agreeing with each other, never about what the model says (except "Paris")."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import write_document
+from scout_daemon import (SseReader, chat, open_stream, scheduler, start_scout, stream_chat, stream_result,
+                          wait_idle, wait_until)
+
+PARIS = {"model": "scout", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+         "temperature": 0, "max_tokens": 24}
+LONG = {"model": "scout", "messages": [{"role": "user", "content": "Count from 1 to 100, one per line."}],
+        "temperature": 0, "max_tokens": 64}
+
+
+def body(content: str, max_tokens: int, **extra) -> dict:
+    return {"model": "scout", "messages": [{"role": "user", "content": content}], "temperature": 0,
+            "max_tokens": max_tokens, **extra}
+
+
+@pytest.fixture(scope="module")
+def scout(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("scout-chat")
+    server = start_scout(tmp, write_document(tmp, "mini"), rows=4, context_length=512, max_output_tokens=64)
+    try:
+        yield server
+    finally:
+        code = server.stop()
+        assert code == 0, "".join(server.output)
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("scout-busy")
+    server = start_scout(tmp, rows=1, context_length=512, max_output_tokens=64, pending_capacity=1)
+    try:
+        yield server
+    finally:
+        code = server.stop()
+        assert code == 0, "".join(server.output)
+
+
+@pytest.fixture(scope="module")
+def paris(scout):
+    """The greedy non-streamed answer to PARIS, with its input-token count."""
+    r = chat(scout, PARIS)
+    assert r.status == 200, r.body
+    counted = scout.request("POST", "/v1/chat/completions/input_tokens", PARIS)
+    assert counted.status == 200, counted.body
+    return r.json(), counted.json()["input_tokens"]
+
+
+def error_of(response, status):
+    assert response.status == status, (response.status, response.body[:500])
+    error = response.json()["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+def test_greedy_answer_names_paris(paris):
+    completion, input_tokens = paris
+    assert completion["object"] == "chat.completion"
+    assert completion["id"].startswith("chatcmpl-") and completion["model"] == "scout"
+    (choice,) = completion["choices"]
+    assert choice["index"] == 0 and choice["message"]["role"] == "assistant"
+    assert "Paris" in choice["message"]["content"]
+    assert choice["finish_reason"] == "stop"
+    usage = completion["usage"]
+    assert usage["prompt_tokens"] == input_tokens
+    assert 0 < usage["completion_tokens"] <= PARIS["max_tokens"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_stream_matches_the_complete_response(scout, paris):
+    completion, _ = paris
+    status, events = stream_chat(scout, {**PARIS, "stream_options": {"include_usage": True}})
+    assert status == 200, events
+    result = stream_result(events)
+    assert result["role"] == "assistant"
+    assert result["content"] == completion["choices"][0]["message"]["content"]
+    assert result["finish_reason"] == completion["choices"][0]["finish_reason"]
+    assert result["usage"] == completion["usage"]
+    # without include_usage there is no usage-only chunk
+    status, events = stream_chat(scout, {**PARIS, "max_tokens": 2})
+    plain = stream_result(events)
+    assert plain["usage"] is None
+    assert completion["choices"][0]["message"]["content"].startswith(plain["content"])
+    if completion["usage"]["completion_tokens"] > 2:
+        assert plain["finish_reason"] == "length"
+
+
+def test_a_response_longer_than_the_output_credit(scout):
+    """More text events than one row's output credit (64): the streamed reader takes them
+    as they come, and a complete (non-streamed) response, which has no incremental
+    reader, must not stall on them."""
+    request = {**LONG, "max_tokens": 72}
+    with ThreadPoolExecutor(1) as pool:  # both at once: they share steps
+        complete = pool.submit(chat, scout, request, timeout=180)
+        status, events = stream_chat(scout, request)
+        r = complete.result(timeout=300)
+    assert status == 200, events
+    streamed = stream_result(events)
+    deltas = sum(1 for c in streamed["chunks"] if c["choices"][0]["delta"].get("content"))
+    assert deltas > 64, f"the prompt should produce more than 64 text deltas, got {deltas}"
+    assert r.status == 200, r.body
+    assert r.json()["choices"][0]["message"]["content"] == streamed["content"]
+    assert r.json()["choices"][0]["finish_reason"] == streamed["finish_reason"]
+
+
+def test_small_max_tokens_finishes_with_length(scout):
+    for key in ("max_tokens", "max_completion_tokens"):
+        request = body("Tell me a long story about a dragon.", 1)
+        del request["max_tokens"]
+        r = chat(scout, {**request, key: 3})
+        assert r.status == 200, r.body
+        result = r.json()
+        assert result["choices"][0]["finish_reason"] == "length"
+        assert result["usage"]["completion_tokens"] == 3
+
+
+# ---- validation -------------------------------------------------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "Current weather",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string"}}}}}
+
+BAD_REQUESTS = {
+    "stream_options without stream": {"stream_options": {"include_usage": True}},
+    "stream_options with stream false": {"stream": False, "stream_options": {"include_usage": True}},
+    "unknown stream_options field": {"stream": True, "stream_options": {"include_obfuscation": True}},
+    "stream not a boolean": {"stream": "yes"},
+    "both limits": {"max_tokens": 4, "max_completion_tokens": 4},
+    "max_tokens 0": {"max_tokens": 0},
+    "max_tokens 16385": {"max_tokens": 16385},
+    "max_completion_tokens 0": {"max_tokens": None, "max_completion_tokens": 0},
+    "max_tokens not an integer": {"max_tokens": 4.5},
+    "tool_choice required": {"tools": [WEATHER], "tool_choice": "required"},
+    "named tool_choice": {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "weather"}}},
+    "store true": {"store": True},
+    "unknown field": {"frequency_penalty": 0.5},
+    "temperature 3": {"temperature": 3},
+    "top_p 0": {"top_p": 0},
+    "top_k not an integer": {"top_k": 1.5},
+    "enable_thinking true": {"enable_thinking": True},
+    "model_options": {"model_options": {"x": 1}},
+    "tools not a list": {"tools": {"type": "function"}},
+    "tool without function": {"tools": [{"type": "function"}]},
+    "tool of another type": {"tools": [{"type": "retrieval", "function": {"name": "f"}}]},
+    "tool with a bad name": {"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+    "tool with bad parameters": {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+    "tool with an unknown field": {"tools": [{"type": "function", "function": {"name": "f", "x": 1}}]},
+    "messages missing": {"messages": None},
+    "empty messages": {"messages": []},
+    "unknown role": {"messages": [{"role": "robot", "content": "Hi"}]},
+    "image content": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+}
+
+
+@pytest.mark.parametrize("change", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
+def test_invalid_requests_are_400(scout, change):
+    request = {**body("Hi", 4), **change}
+    for key in [k for k, v in change.items() if v is None]:
+        request.pop(key)
+    error = error_of(chat(scout, request), 400)
+    assert error["type"] == "invalid_request_error"
+
+
+def test_allowed_optional_values_are_accepted(scout):
+    # enable_thinking false, empty model_options, store false, tool_choice none, nulls
+    r = chat(scout, body("Hi", 1, enable_thinking=False, model_options={}, store=False, tools=[WEATHER],
+                         tool_choice="none", stream=None, top_p=None, top_k=None, seed=7))
+    assert r.status == 200, r.body
+    assert r.json()["usage"]["completion_tokens"] == 1
+
+
+def test_duplicate_field_is_400(scout):
+    raw = json.dumps(body("Hi", 1))[:-1] + ', "max_tokens": 2}'
+    error = error_of(scout.request("POST", "/v1/chat/completions", raw), 400)
+    assert "max_tokens" in error["message"]
+
+
+def test_discovery_reports_the_text_capabilities(scout):
+    models = {m["id"]: m for m in scout.request("GET", "/v1/models").json()["data"]}
+    loom = models["scout"]["loom"]
+    assert loom["endpoint"] == "/v1/chat/completions"
+    assert loom["tokenize"] is True and loom["input_tokens"] is True
+    assert loom["context_length"] == 512 and loom["limits"] == {"max_output_tokens": 64}
+
+
+def test_session_headers_are_400(scout):
+    for header in ("X-Loom-Session", "X-Loom-Checkpoint"):
+        error_of(chat(scout, body("Hi", 1), **{header: "abc"}), 400)
+
+
+def test_unknown_model_is_404(scout):
+    error_of(chat(scout, {**body("Hi", 1), "model": "nobody"}), 404)
+
+
+def test_a_model_that_is_not_text_is_404(scout):
+    error = error_of(chat(scout, {**body("Hi", 1), "model": "mini"}), 404)
+    assert "mini" in error["message"]
+
+
+def test_prompt_longer_than_the_context_is_400(scout):
+    r = chat(scout, body("1" * 600, 4))
+    error = error_of(r, 400)
+    needed = re.search(r"needs (\d+) tokens", error["message"])
+    assert needed and int(needed.group(1)) > 512, error["message"]
+    assert "512" in error["message"]
+    assert scheduler(scout)["pending"] == 0
+
+
+# ---- batching --------------------------------------------------------------------------------------
+
+MIXED = [
+    body("What is the capital of France?", 6),
+    body("Name a fruit that is yellow.", 4),
+    body("Write one sentence about the sea.", 8),
+    body("What is 2 + 2?", 5),
+    body("Say hello in Spanish.", 3),
+    body("List three colours.", 7),
+    body("Who wrote Hamlet?", 6),
+    body("Describe a cat in five words.", 8),
+]
+
+
+def run(server, request, streamed):
+    """(content, finish_reason, usage) of one chat, streamed (with usage) or not."""
+    if streamed:
+        status, events = stream_chat(server, {**request, "stream_options": {"include_usage": True}})
+        assert status == 200, events
+        result = stream_result(events)
+        return result["content"], result["finish_reason"], result["usage"]
+    r = chat(server, request)
+    assert r.status == 200, r.body
+    choice = r.json()["choices"][0]
+    return choice["message"]["content"], choice["finish_reason"], r.json()["usage"]
+
+
+@pytest.fixture(scope="module")
+def alone(scout):
+    """Each MIXED request's result when it runs by itself (odd ones streamed)."""
+    return [run(scout, request, i % 2 == 1) for i, request in enumerate(MIXED)]
+
+
+def test_concurrent_requests_return_what_they_return_alone(scout, alone):
+    wait_idle(scout)
+    start = threading.Barrier(len(MIXED))
+
+    def one(i):
+        start.wait(timeout=30)
+        return run(scout, MIXED[i], i % 2 == 1)
+
+    with ThreadPoolExecutor(len(MIXED)) as pool:
+        together = list(pool.map(one, range(len(MIXED)), timeout=300))
+    for i, (got, expected) in enumerate(zip(together, alone)):
+        assert got == expected, (i, MIXED[i]["messages"][0]["content"])
+    wait_idle(scout)
+
+
+def test_disconnect_mid_stream_frees_its_row_while_others_finish(scout, alone):
+    """A client that leaves mid-stream gives back its row and KV pages at a step boundary
+    (found when the next chunk cannot be written), while the other streams go on."""
+    wait_idle(scout)
+    before = scheduler(scout)
+    leaving = open_stream(scout, {**LONG, "stream": True})
+    reader = SseReader(leaving)
+    assert reader.head() == 200
+    while not json.loads(reader.next_event())["choices"][0]["delta"].get("content"):
+        pass  # wait for generated text: the row is decoding
+
+    others = [0, 3]
+    streams = [open_stream(scout, {**MIXED[i], "stream": True, "stream_options": {"include_usage": True}})
+               for i in others]
+    try:
+        readers = [SseReader(s) for s in streams]
+        for other in readers:  # both others are generating when the first client leaves
+            assert other.head() == 200
+            while not json.loads(other.next_event())["choices"][0]["delta"].get("content"):
+                pass
+        leaving.close()
+        for i, other in zip(others, readers):
+            result = stream_result(other.read_all())
+            assert (result["content"], result["finish_reason"], result["usage"]) == alone[i]
+    finally:
+        for stream in streams:
+            stream.close()
+    idle = wait_idle(scout)
+    # the closed request would have needed at least max_tokens steps to end by itself
+    assert idle["steps"] - before["steps"] < LONG["max_tokens"], (before, idle)
+    assert idle["pages_free"] == before["pages_free"]
+
+
+# ---- admission -----------------------------------------------------------------------------------
+
+def test_full_queue_is_503_and_a_queued_request_starts_when_the_row_frees(busy):
+    wait_idle(busy)
+    short = body("Say hello in Spanish.", 4, stream=True)
+    holder = open_stream(busy, {**LONG, "stream": True})
+    try:
+        wait_until(lambda: scheduler(busy)["active"] == 1, "the long stream to take the only row")
+        with open_stream(busy, short) as queued:
+            wait_until(lambda: scheduler(busy)["pending"] == 1, "the short stream to queue")
+            error = error_of(chat(busy, body("Hi", 1)), 503)
+            assert error["code"] == "queue_full"
+            status, events = stream_chat(busy, body("Hi", 1))
+            assert status == 503, events
+            assert scheduler(busy)["pending"] == 1
+            holder.close()  # the row frees: the queued stream starts and completes
+            reader = SseReader(queued)
+            assert reader.head() == 200
+            result = stream_result(reader.read_all())
+        assert result["finish_reason"] in ("stop", "length")
+        alone = chat(busy, {**short, "stream": False})
+        assert alone.status == 200, alone.body
+        assert result["content"] == alone.json()["choices"][0]["message"]["content"]
+    finally:
+        holder.close()
+    wait_idle(busy)
+
+
+def test_sigterm_finishes_streams_in_flight_then_exits_0(tmp_path):
+    """SIGTERM closes admission but lets accepted streams end normally, then loomd exits 0.
+    The second stream omits max_tokens: the deployment's default cap (10 here) applies."""
+    default_cap = 10
+    server = start_scout(tmp_path, rows=2, context_length=256, max_output_tokens=default_cap)
+    try:
+        requests = [body("What is the capital of France?", 8, stream=True, stream_options={"include_usage": True}),
+                    {**body("Write one sentence about the sea.", 1, stream=True,
+                            stream_options={"include_usage": True}), "max_tokens": None}]
+        sockets = [open_stream(server, r) for r in requests]
+        readers = [SseReader(s) for s in sockets]
+        for reader in readers:
+            assert reader.head() == 200
+            while not json.loads(reader.next_event())["choices"][0]["delta"].get("content"):
+                pass
+        server.process.send_signal(signal.SIGTERM)
+        for reader, cap in zip(readers, (8, default_cap)):
+            result = stream_result(reader.read_all())
+            assert result["finish_reason"] in ("stop", "length")
+            assert result["usage"]["completion_tokens"] <= cap
+            if result["finish_reason"] == "length":
+                assert result["usage"]["completion_tokens"] == cap
+        for s in sockets:
+            s.close()
+        assert server.process.wait(timeout=60) == 0, "".join(server.output)
+    finally:
+        code = server.stop()
+    assert code == 0, "".join(server.output)
+    assert "loomd: stopped" in "".join(server.output)
