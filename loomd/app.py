@@ -81,9 +81,18 @@ async def _unmatched(request: web.Request) -> web.StreamResponse:
     return error_response(404, f"no route {request.method} {request.path}")
 
 
-def make_app(registry: Registry, settings: Settings | None = None) -> web.Application:
-    from loomd.routes import admin, chat, discovery, observation, tokenize, variants
+def route_modules() -> list:
+    """Every module of `loomd.routes` (one per spec section), in name order."""
+    import importlib
+    import pkgutil
 
+    import loomd.routes
+
+    return [importlib.import_module(f"loomd.routes.{m.name}")
+            for m in sorted(pkgutil.iter_modules(loomd.routes.__path__), key=lambda m: m.name)]
+
+
+def make_app(registry: Registry, settings: Settings | None = None) -> web.Application:
     settings = settings or Settings()
     app = web.Application(middlewares=[error_middleware], client_max_size=settings.request_body_bytes)
     app[REGISTRY] = registry
@@ -95,7 +104,7 @@ def make_app(registry: Registry, settings: Settings | None = None) -> web.Applic
     def add(method: str, path: str, handler: Handler) -> None:
         app.router.add_route(method, path, handler, expect_handler=reject_expect)
 
-    for module in (discovery, admin, variants, observation, chat, tokenize):
+    for module in route_modules():
         module.add_routes(add)
     app.router.add_route("*", "/{tail:.*}", _unmatched, expect_handler=reject_expect)
 

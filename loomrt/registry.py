@@ -37,12 +37,10 @@ from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomErr
 from loomrt.package import PackageFiles
 from loomrt.prepare import prepare_params
 from loomrt.residency import Component, Residency
-from loomrt.policy import TextPolicy
+from loomrt.services import service_module
 from loomrt.services.base import Job, StageService
-from loomrt.services.text import STEP_STAGE, TextService
-from loomrt.state import PAGE_SIZE_CONFIG, allocate_state, config_constant, host_sizes, state_bytes
+from loomrt.state import allocate_state, host_sizes, state_bytes
 from loomrt.tokenizer import load_tokenizer
-from loomrt.vm import Vm
 from loomrt.variants import Variant, VariantTable, next_variant_id
 
 COMPONENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -212,12 +210,9 @@ class Registry:
             ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir)
             host_sizes(ex, doc)  # a state layout the host cannot size fails now, not at first use
             tokenizer = self._load_tokenizer(reg) if doc.tokenizer is not None else None
-            policy = None
-            if doc.kind == "text":
-                if STEP_STAGE not in ex.programs:
-                    raise CompileError(f"model '{doc.model}': a text deployment's control program declares "
-                                       f"`stage {STEP_STAGE}` (docs/source-contracts.md)")
-                policy = TextPolicy(Vm(ex.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+            kind_module = service_module(doc.kind)
+            make_policy = getattr(kind_module, "create_policy", None)
+            policy = make_policy(reg, ex, tokenizer) if make_policy is not None else None
             with self._lock:
                 reg.tokenizer, reg.policy = tokenizer, policy
                 reg.executables = ex
@@ -292,12 +287,9 @@ class Registry:
             if reg.removing:
                 return
             common = dict(variant=reg.variants.selected if reg.variants else None, max_active=reg.document.rows)
-            if reg.document.kind == "text":
-                reg.service = TextService(reg.name, reg.executables, component, self.residency, state,
-                                          reg.document.pending_capacity, tokenizer=reg.tokenizer,
-                                          control_vm=reg.policy.vm,
-                                          page_size=config_constant(reg.executables.checked, PAGE_SIZE_CONFIG),
-                                          context_length=reg.document.context_length, **common)
+            make_service = getattr(service_module(reg.document.kind), "create_service", None)
+            if make_service is not None:
+                reg.service = make_service(reg, component, self.residency, state, **common)
             else:
                 reg.service = StageService(reg.name, reg.executables, component, self.residency, state,
                                            reg.document.pending_capacity, **common)

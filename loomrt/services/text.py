@@ -329,4 +329,29 @@ def _tool_calls(g: Generation, calls: Any) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["Generation", "Outbox", "Sampling", "TextService"]
+
+
+def create_policy(reg: Any, executables: Any, tokenizer: Any) -> Any:
+    """The text policy (needs the control program's `chat_request`) and the step stage."""
+    from loomrt.errors import CompileError
+    from loomrt.policy import TextPolicy
+    from loomrt.vm import Vm
+
+    if STEP_STAGE not in executables.programs:
+        raise CompileError(f"model '{reg.name}': a text deployment's control program declares "
+                           f"`stage {STEP_STAGE}` (docs/source-contracts.md)")
+    if tokenizer is None:
+        raise CompileError(f"model '{reg.name}': a text deployment needs a tokenizer")
+    return TextPolicy(Vm(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> TextService:
+    from loomrt.state import PAGE_SIZE_CONFIG, config_constant
+
+    return TextService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
+                       tokenizer=reg.tokenizer, control_vm=reg.policy.vm,
+                       page_size=config_constant(reg.executables.checked, PAGE_SIZE_CONFIG),
+                       context_length=reg.document.context_length, **common)
+
+
+__all__ = ["Generation", "Outbox", "Sampling", "TextService", "create_policy", "create_service"]
