@@ -36,6 +36,12 @@ class PagePool:
             return None
         return [self._free.pop() for _ in range(n)]
 
+    def reserve_pages(self, n: int) -> list[int]:
+        """Exactly `n` pages; the caller made sure they are free."""
+        if n > len(self._free):
+            raise RuntimeError(f"{n} pages asked, {len(self._free)} free")
+        return [self._free.pop() for _ in range(max(n, 0))]
+
     def release(self, pages: list[int]) -> None:
         self._free.extend(reversed(pages))
 

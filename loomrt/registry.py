@@ -37,7 +37,7 @@ from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomErr
 from loomrt.package import PackageFiles
 from loomrt.prepare import prepare_params
 from loomrt.residency import Component, Residency
-from loomrt.services import service_module
+from loomrt.services import service_module, serving_module
 from loomrt.services.base import Job, StageService
 from loomrt.state import allocate_state, host_sizes, state_bytes
 from loomrt.tokenizer import load_tokenizer
@@ -75,6 +75,12 @@ class Registration:
     @property
     def prepared(self) -> bool:
         return self.phase == "ready"
+
+    @property
+    def native_only(self) -> bool:
+        """Compiled without its kind's HTTP stage: served through the Python API only."""
+        return self.executables is not None and serving_module(self.document.kind, set(self.executables.programs)) \
+            is None and service_module(self.document.kind) is not None
 
     def declared_components(self) -> tuple[str, ...]:
         return ("primary", "image") if self.document.image is not None else ("primary",)
@@ -210,7 +216,7 @@ class Registry:
             ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir)
             host_sizes(ex, doc)  # a state layout the host cannot size fails now, not at first use
             tokenizer = self._load_tokenizer(reg) if doc.tokenizer is not None else None
-            kind_module = service_module(doc.kind)
+            kind_module = serving_module(doc.kind, set(ex.programs))
             make_policy = getattr(kind_module, "create_policy", None)
             policy = make_policy(reg, ex, tokenizer) if make_policy is not None else None
             with self._lock:
@@ -287,7 +293,8 @@ class Registry:
             if reg.removing:
                 return
             common = dict(variant=reg.variants.selected if reg.variants else None, max_active=reg.document.rows)
-            make_service = getattr(service_module(reg.document.kind), "create_service", None)
+            make_service = getattr(serving_module(reg.document.kind, set(reg.executables.programs)),
+                                   "create_service", None)
             if make_service is not None:
                 reg.service = make_service(reg, component, self.residency, state, **common)
             else:

@@ -23,6 +23,7 @@ from loomrt.errors import InvalidRequest, LoomError, NotFound
 from loomrt.fields import expect_string, reject_unknown
 from loomrt.registry import Registration
 from loomrt.services.text import Generation, Outbox
+from loomrt.sessions import check_session_name
 
 CHAT_FIELDS = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                "temperature", "top_p", "top_k", "seed", "tools", "tool_choice", "store", "enable_thinking",
@@ -112,6 +113,9 @@ def text_registration(request: web.Request, body: dict[str, Any]) -> Registratio
         raise NotFound(f"model '{reg.name}' is a {reg.document.kind} deployment; it does not serve "
                        f"{request.path}", param="model")
     request.app[REGISTRY].check_admission(reg, need_service=False)
+    if reg.policy is None:
+        raise NotFound(f"model '{reg.name}' is native-only (its program has no chat stage); it serves no "
+                       f"{request.path}", param="model")
     return reg
 
 
@@ -168,14 +172,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
     reg = text_registration(request, body)
     stream, include_usage, max_tokens = validate_chat(body, reg)
-    for header in SESSION_HEADERS:
-        if header in request.headers:
-            raise InvalidRequest(f"{header} is not supported by this server yet", param=header)
+    if "X-Loom-Checkpoint" in request.headers:
+        raise InvalidRequest("X-Loom-Checkpoint: named checkpoints are not built in this server yet",
+                             param="X-Loom-Checkpoint")
+    session = request.headers.get("X-Loom-Session")
+    if session is not None:
+        check_session_name(session)
     prepared = await asyncio.to_thread(reg.policy.prepare, body)
     # A complete response reads only the outcome: its text deltas are not kept, or they would
     # exhaust the row's output credit and pause the generation with nobody to read them.
     gen = Generation(prepared.prompt, max_tokens, prepared.sampling, prepared.stop_ids, prepared.state,
-                     outbox=Outbox(loop=asyncio.get_running_loop(), deltas=stream))
+                     outbox=Outbox(loop=asyncio.get_running_loop(), deltas=stream), session=session)
     future = request.app[REGISTRY].submit(reg.name, gen)
     future.add_done_callback(lambda f: _log_outcome(request, gen, stream, f))
     request.app[METRICS].tokens.labels(reg.name, "input").inc(len(gen.prompt))

@@ -28,10 +28,12 @@ def model_object(reg: Registration) -> dict[str, Any]:
     endpoint, inputs, outputs = KIND_ROUTES[doc.kind]
     if doc.image is not None:
         inputs = inputs + ["image"]
-    loom: dict[str, Any] = {"kind": doc.kind, "endpoint": endpoint, "tokenize": reg.tokenizer is not None,
+    loom: dict[str, Any] = {"kind": doc.kind, "tokenize": reg.tokenizer is not None,
                             "input_tokens": reg.policy is not None,
                             "admission": reg.admission,
                             "resident": all(c.resident for c in reg.components.values())}
+    if not reg.native_only:
+        loom["endpoint"] = endpoint
     if doc.kind == "text":
         loom["context_length"] = doc.context_length
         loom["limits"] = {"max_output_tokens": doc.max_output_tokens}

@@ -25,11 +25,13 @@ from typing import Any
 import numpy as np
 
 from loomrt.detokenize import IncrementalDecoder
-from loomrt.errors import InvalidRequest, LoomError, VmError
+from loomrt.errors import Conflict, InvalidRequest, LoomError, VmError
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
+from loomrt.sessions import HistoryStore
 
 STEP_STAGE = "prefill_decode"
+SERVICE_STAGE = STEP_STAGE
 PUBLISH_FN = "publish"
 PREFILL_CHUNK = 256
 DEFAULT_CREDIT = 64
@@ -101,8 +103,10 @@ class Generation(Job):
     """One chat generation: prompt ids, output budget, sampling, stop ids, policy state."""
 
     def __init__(self, prompt: list[int], max_tokens: int, sampling: Sampling, stop_ids: list[int] | tuple = (),
-                 policy_state: Any = None, *, outbox: Outbox | None = None, kind: str = "chat"):
+                 policy_state: Any = None, *, outbox: Outbox | None = None, kind: str = "chat",
+                 session: str | None = None):
         super().__init__([], kind=kind)
+        self.session = session
         self.prompt = [int(t) for t in prompt]
         self.max_tokens = max_tokens
         self.sampling = sampling
@@ -142,7 +146,7 @@ class Generation(Job):
 
 class TextService(StageService):
     def __init__(self, *args: Any, tokenizer: Any, control_vm: Any, page_size: int, context_length: int,
-                 prefill_chunk: int = PREFILL_CHUNK, **kwargs: Any):
+                 prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0, **kwargs: Any):
         self.tokenizer = tokenizer
         self.vm = control_vm
         self.context_length = context_length
@@ -153,6 +157,7 @@ class TextService(StageService):
         self.pool = PagePool(pages, page_size)
         self.pages_per_row = self.pool.pages_for(context_length)
         super().__init__(*args, **kwargs)
+        self.histories = HistoryStore(self.pool, state, self.max_active or 1, session_cache_capacity)
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -166,24 +171,66 @@ class TextService(StageService):
                                  f"context of {self.context_length} tokens per request", param="messages")
         job._wake = self.wake
         job.outbox.wake_worker = self.wake
+        if job.session is not None:
+            with self._cond:
+                if any(j.session == job.session for j in list(self._active) + list(self._pending)):
+                    raise Conflict(f"session {job.session!r} of model '{self.model}' is in use by another request",
+                                   param="X-Loom-Session")
         return super().submit(job)
+
+    def sessions(self) -> list[dict[str, Any]]:
+        with self._cond:
+            listing = self.histories.listing()
+            busy = {j.session for j in list(self._active) + list(self._pending) if j.session is not None}
+        for item in listing:
+            item.update(object="session", model=self.model, busy=item["session"] in busy)
+        for name in sorted(busy - {i["session"] for i in listing}):
+            listing.append({"object": "session", "session": name, "model": self.model, "position": None,
+                            "residency": "active", "busy": True, "order": 0})
+        return listing
 
     def counts(self) -> dict[str, int]:
         out = super().counts()
         with self._cond:
-            out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0)
+            out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0,
+                       retained=len(self.histories.histories),
+                       pages_retained=sum(len(h.pages) for h in self.histories.histories),
+                       snapshot_bytes=self.histories.snapshot_bytes())
         return out
 
     def _start(self, job: Generation) -> bool:
-        pages = self.pool.reserve(min(len(job.prompt) + job.max_tokens, self.context_length))
-        if pages is None:
+        """Reserve the job's row and pages, continuing a retained history when one matches."""
+        history, reused = self.histories.take(job.prompt, job.session)
+        need = self.pool.pages_for(min(len(job.prompt) + job.max_tokens, self.context_length))
+        kept = self.pool.pages_for(reused) if reused else 0
+        own: list[int] = []
+        if history is not None and history.in_row:
+            own = history.pages[:kept]
+            self.pool.release(history.pages[kept:])
+            history.pages = []
+        if not self.histories.make_room(len(self._active), need - len(own)):
+            if history is not None:   # wait for rows or pages; what was matched stays retained
+                if history.in_row:
+                    self.histories.keep(history.tokens[:reused], own, history.session)
+                else:
+                    self.histories.histories.append(history)
             return False
-        job.pages = pages
+        fresh = self.pool.reserve_pages(need - len(own))
+        if history is not None and not history.in_row and reused:
+            self.histories.restore(history, fresh, reused)
+        job.pages = own + fresh
+        job.kv = job.cached_tokens = reused
         job.decoder = IncrementalDecoder(self.tokenizer)
         return True
 
     def _released(self, job: Generation) -> None:
-        self.pool.release(job.pages)
+        """A finished generation's row stays resident as a history; a failed one is freed."""
+        if job.finish_reason is not None and job.cancelled is None:
+            held = self.pool.pages_for(job.kv)
+            self.pool.release(job.pages[held:])
+            self.histories.keep((job.prompt + job.generated)[:job.kv], job.pages[:held], job.session)
+        else:
+            self.pool.release(job.pages)
         job.pages = []
 
     def _runnable(self, active: list[Job]) -> list[Job]:
@@ -351,7 +398,8 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
     return TextService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                        tokenizer=reg.tokenizer, control_vm=reg.policy.vm,
                        page_size=config_constant(reg.executables.checked, PAGE_SIZE_CONFIG),
-                       context_length=reg.document.context_length, **common)
+                       context_length=reg.document.context_length,
+                       session_cache_capacity=reg.document.session_cache_capacity, **common)
 
 
 __all__ = ["Generation", "Outbox", "Sampling", "TextService", "create_policy", "create_service"]

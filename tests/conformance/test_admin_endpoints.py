@@ -50,7 +50,7 @@ def test_models_lists_prepared_deployments_with_capabilities(daemon):
         assert m["input_modalities"] == ["text"] and m["output_modalities"] == ["bytes"]
         loom = m["loom"]
         assert loom["kind"] == "sequence"
-        assert loom["endpoint"] == "/v1/sequences"
+        assert "endpoint" not in loom      # mini declares no `consume` stage: a native-only sequence model
         assert loom["tokenize"] is False                         # the mini document has no tokenizer
         assert loom["input_tokens"] is False                     # not a chat deployment
         assert "context_length" not in loom                      # text only

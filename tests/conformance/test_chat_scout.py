@@ -94,7 +94,7 @@ def test_stream_matches_the_complete_response(scout, paris):
     assert result["role"] == "assistant"
     assert result["content"] == completion["choices"][0]["message"]["content"]
     assert result["finish_reason"] == completion["choices"][0]["finish_reason"]
-    assert result["usage"] == completion["usage"]
+    assert token_counts(result["usage"]) == token_counts(completion["usage"])
     # without include_usage there is no usage-only chunk
     status, events = stream_chat(scout, {**PARIS, "max_tokens": 2})
     plain = stream_result(events)
@@ -202,9 +202,10 @@ def test_discovery_reports_the_text_capabilities(scout):
     assert loom["context_length"] == 512 and loom["limits"] == {"max_output_tokens": 64}
 
 
-def test_session_headers_are_400(scout):
-    for header in ("X-Loom-Session", "X-Loom-Checkpoint"):
-        error_of(chat(scout, body("Hi", 1), **{header: "abc"}), 400)
+def test_bad_session_names_and_checkpoints_are_400(scout):
+    for name in ("", "a b", "x" * 65, "é", "a/b"):
+        error_of(chat(scout, body("Hi", 1), **{"X-Loom-Session": name}), 400)
+    error_of(chat(scout, body("Hi", 1), **{"X-Loom-Checkpoint": "abc"}), 400)
 
 
 def test_unknown_model_is_404(scout):
@@ -239,17 +240,25 @@ MIXED = [
 ]
 
 
+def token_counts(usage: dict) -> dict:
+    """Usage without `cached_tokens`: how much of a prompt is reused depends on which retained
+    histories are resident (issue: retained conversations), never the text or the counts."""
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert 0 <= cached < usage["prompt_tokens"], usage
+    return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+
+
 def run(server, request, streamed):
-    """(content, finish_reason, usage) of one chat, streamed (with usage) or not."""
+    """(content, finish_reason, usage counts) of one chat, streamed (with usage) or not."""
     if streamed:
         status, events = stream_chat(server, {**request, "stream_options": {"include_usage": True}})
         assert status == 200, events
         result = stream_result(events)
-        return result["content"], result["finish_reason"], result["usage"]
+        return result["content"], result["finish_reason"], token_counts(result["usage"])
     r = chat(server, request)
     assert r.status == 200, r.body
     choice = r.json()["choices"][0]
-    return choice["message"]["content"], choice["finish_reason"], r.json()["usage"]
+    return choice["message"]["content"], choice["finish_reason"], token_counts(r.json()["usage"])
 
 
 @pytest.fixture(scope="module")
@@ -296,14 +305,15 @@ def test_disconnect_mid_stream_frees_its_row_while_others_finish(scout, alone):
         leaving.close()
         for i, other in zip(others, readers):
             result = stream_result(other.read_all())
-            assert (result["content"], result["finish_reason"], result["usage"]) == alone[i]
+            assert (result["content"], result["finish_reason"], token_counts(result["usage"])) == alone[i]
     finally:
         for stream in streams:
             stream.close()
     idle = wait_idle(scout)
     # the closed request would have needed at least max_tokens steps to end by itself
     assert idle["steps"] - before["steps"] < LONG["max_tokens"], (before, idle)
-    assert idle["pages_free"] == before["pages_free"]
+    # no page is held but by retained (finished) histories: the cancelled row kept nothing
+    assert idle["pages_used"] == idle["pages_retained"], idle
 
 
 # ---- admission -----------------------------------------------------------------------------------
