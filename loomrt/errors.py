@@ -14,6 +14,7 @@ in one place, and anything that is not a `LoomError` becomes a 500 there.
     ├── PayloadTooLarge             413: a request body over the server's bound
     ├── ExpectationFailed           417: `Expect` is unsupported
     ├── CompileError                422: source that does not compile; carries every diagnostic
+    ├── InvalidDecision             422: a decision request whose state or questions break the schema
     ├── TooManyRequests             429: a bounded pool (variants, observation credit) is full
     ├── NotImplementedFeature       501: the deployment does not offer this capability
     ├── Unavailable                 503: the deployment does not admit work now (drained, removing)
@@ -117,6 +118,12 @@ class CompileError(LoomError):
 
 
 MAX_DIAGNOSTIC_LINES = 20
+
+
+class InvalidDecision(InvalidRequest):
+    """A decision request whose questions or state break the schema (spec: 422)."""
+
+    status, code = 422, "invalid_decision"
 
 
 class TooManyRequests(LoomError):
@@ -245,7 +252,7 @@ class VmExpectFailed(VmError):
 
 __all__ = [
     "BindingError", "CheckpointError", "CompileError", "Conflict", "DeviceMemoryExhausted", "DispatchError", "ExpectationFailed", "Gone",
-    "InvalidRequest", "KernelArgumentError", "LocatorNotFound", "LoomError", "NotFound", "NotImplementedFeature",
+    "InvalidDecision", "InvalidRequest", "KernelArgumentError", "LocatorNotFound", "LoomError", "NotFound", "NotImplementedFeature",
     "PayloadTooLarge", "PolicyFailure", "PrepareError", "QueueFull", "StageInputError", "TooManyRequests", "Unavailable",
     "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
 ]

@@ -40,7 +40,7 @@ from loomrt.residency import Component, Residency
 from loomrt.services import service_module, serving_module
 from loomrt.services.base import Job, StageService
 from loomrt.state import allocate_state, host_sizes, state_bytes
-from loomrt.tokenizer import load_tokenizer
+from loomrt.tokenizer import load_tokenizer, unpadded
 from loomrt.variants import Variant, VariantTable, next_variant_id
 
 COMPONENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -253,7 +253,7 @@ class Registry:
         ref = reg.document.tokenizer
         try:
             if ref.where == "package":
-                return Tokenizer.from_str(reg.package[ref.path].decode("utf-8"))
+                return unpadded(Tokenizer.from_str(reg.package[ref.path].decode("utf-8")))
             return load_tokenizer(code_path(ref))
         except LoomError:
             raise

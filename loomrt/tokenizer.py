@@ -230,6 +230,14 @@ def cache_path_for(path: str | Path, cache_dir: Path | None = None) -> Path:
     return (cache_dir or default_cache_dir()) / "tokenizers" / f"{hashlib.sha256(key).hexdigest()}.json"
 
 
+def unpadded(tok: Tokenizer) -> Tokenizer:
+    """A tokenizer.json may carry padding and truncation settings for training (all-MiniLM's pads
+    to 128). Policies decide lengths themselves: `tokenize` returns exactly the text's ids."""
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
 def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
     """The tokenizer a text deployment names: a `.json` file is a `tokenizer.json` and is read as
     is; a `.gguf` is built from its metadata (`tokenizer_from_gguf`) and saved under
@@ -238,7 +246,7 @@ def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
-        return Tokenizer.from_file(str(path))
+        return unpadded(Tokenizer.from_file(str(path)))
     if suffix != ".gguf":
         raise ValueError(f"{path}: a tokenizer is a tokenizer.json (.json) or a GGUF checkpoint (.gguf)")
     cached = cache_path_for(path, cache_dir)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import wait_ready
+from conformance_support import wait_ready
 from loomd_process import REPO, Daemon, Response
 
 SCOUT = REPO / "samples" / "scout"

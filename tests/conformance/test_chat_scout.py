@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import write_document
+from conformance_support import write_document
 from scout_daemon import (SseReader, chat, open_stream, scheduler, start_scout, stream_chat, stream_result,
                           wait_idle, wait_until)
 

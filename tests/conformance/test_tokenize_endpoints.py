@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import write_document
+from conformance_support import write_document
 from scout_daemon import chat, open_stream, scheduler, SseReader, start_scout, wait_idle, wait_until
 
 MIB = 1 << 20

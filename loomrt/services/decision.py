@@ -1,0 +1,465 @@
+"""The decision service: finite decisions (`POST /v1/systemone`) as cohorts of question rows.
+
+The decision source contract (`docs/source-contracts.md`, "decision"): the control program's
+`decision_question(state, id, question, tok)` renders one question into the model's framing
+and returns its prompt ids and the token ids of its answer labels; the stage `decide` runs
+a packed cohort of question prompts (one row per question, laid out as a text prefill) and
+returns a normalised F32 probability vector per row, padded to the widest row.
+
+The host owns the spec's schema (`parse_questions`: types, instructions, criteria counts,
+the 1024-question bound), which fails with `InvalidDecision` (422); it validates every
+vector the stage returns (right length, finite, non-negative, summing to 1 within 1e-4,
+zero padding) and never normalises or truncates one: a bad vector fails its request with a
+500 naming the question. Each pass packs question rows from the active requests into one
+`decide` call, bounded by a token budget and by the KV pages free; a row's pages come from
+the deployment's `PagePool` and return to it after the pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loomrt.errors import CompileError, InvalidDecision, InvalidRequest, LoomError
+from loomrt.fields import reject_unknown, shown
+from loomrt.kv import PagePool
+from loomrt.services.base import Job, StageService
+
+DECIDE_STAGE = "decide"
+QUESTION_FN = "decision_question"
+CAPACITY_FN = "max_questions"
+MAX_QUESTIONS = 1024            # the spec's native bound
+MAX_OPTIONS = 255
+MIN_LEVELS, MAX_LEVELS = 2, 10
+TYPES = ("choice", "score", "noul")
+QUESTION_FIELDS = {"choice": ("type", "instructions", "criteria"), "score": ("type", "instructions", "criteria"),
+                   "noul": ("type", "instructions")}
+SUM_TOLERANCE = 1e-4
+PASS_TOKENS = 1024              # tokens packed into one `decide` call (a longer single prompt runs alone)
+DEFAULT_POOL_POSITIONS = 8192   # KV positions of a deployment whose document sizes no pool
+DEFAULT_ACTIVE = 16             # requests whose questions may share a pass
+
+
+
+# ---- the request schema (host-owned: the spec fixes it for every decision source) -----------------
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    type: str
+    body: dict[str, Any]            # the question object as sent (type, instructions, criteria)
+
+    @property
+    def options(self) -> list[str]:
+        """What the probability vector is over: option ids, zero-based levels, or [true, false]."""
+        if self.type == "choice":
+            return list(self.body["criteria"])
+        if self.type == "score":
+            return [str(i) for i in range(len(self.body["criteria"]))]
+        return ["true", "false"]
+
+
+def _text_like(value: Any) -> bool:
+    return isinstance(value, (str, dict, list))
+
+
+def _image_part(value: Any, depth: int = 0) -> str | None:
+    """The first OpenAI-style image part inside `value` (a content part with an image type,
+    or an image_url/input_image key), as a short description; None when there is none."""
+    if depth > 64:
+        return None
+    if isinstance(value, dict):
+        if value.get("type") in ("image", "image_url", "input_image") or "image_url" in value or "input_image" in value:
+            return "an image content part"
+        for v in value.values():
+            found = _image_part(v, depth + 1)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for v in value:
+            found = _image_part(v, depth + 1)
+            if found:
+                return found
+    return None
+
+
+IMAGE_FIELDS = ("image", "images", "image_url", "input_image", "input_images")
+
+
+def check_body_fields(body: dict[str, Any]) -> None:
+    """Top-level fields: unknown ones and image-input extensions are 400 (strict JSON rules)."""
+    for key in body:
+        if key in IMAGE_FIELDS:
+            raise InvalidRequest(f"unknown field '{key}': decisions take no image input", param=key)
+    reject_unknown(body, ("model", "state", "questions"))
+
+
+def parse_questions(body: dict[str, Any], capacity: int = MAX_QUESTIONS) -> list[Question]:
+    """The state and questions of a decision request, checked against the spec's schema."""
+    if "state" not in body:
+        raise InvalidDecision("state: required field is missing", param="state")
+    state = body["state"]
+    if not _text_like(state):
+        raise InvalidDecision(f"state: expected a string, object or array, got {shown(state)}", param="state")
+    found = _image_part(state)
+    if found:
+        raise InvalidRequest(f"state: {found} is an image-input extension; decisions take no image input",
+                             param="state")
+    if "questions" not in body:
+        raise InvalidDecision("questions: required field is missing", param="questions")
+    questions = body["questions"]
+    if not isinstance(questions, dict):
+        raise InvalidDecision(f"questions: expected an object of questions by id, got {shown(questions)}",
+                              param="questions")
+    bound = min(MAX_QUESTIONS, capacity)
+    if not 1 <= len(questions) <= bound:
+        raise InvalidDecision(f"questions: expected 1 to {bound} questions, got {len(questions)}", param="questions")
+    out = []
+    for qid, q in questions.items():
+        where = f"questions.{qid}"
+        if not isinstance(q, dict):
+            raise InvalidDecision(f"{where}: expected a question object, got {shown(q)}", param=where)
+        kind = q.get("type")
+        if kind is not None and kind not in TYPES:
+            raise InvalidDecision(f"{where}.type: expected \"choice\", \"score\" or \"noul\", got {shown(kind)}",
+                                  param=f"{where}.type")
+        reject_unknown(q, QUESTION_FIELDS[kind] if kind else ("type", "instructions", "criteria"), f"{where}.")
+        if "type" not in q:
+            raise InvalidDecision(f"{where}.type: required field is missing", param=f"{where}.type")
+        if "instructions" not in q:
+            raise InvalidDecision(f"{where}.instructions: required field is missing", param=f"{where}.instructions")
+        if not _text_like(q["instructions"]):
+            raise InvalidDecision(f"{where}.instructions: expected a string, object or array, got "
+                                  f"{shown(q['instructions'])}", param=f"{where}.instructions")
+        if _image_part(q["instructions"]):
+            raise InvalidRequest(f"{where}.instructions: an image content part is an image-input extension; "
+                                 "decisions take no image input", param=f"{where}.instructions")
+        if kind == "choice":
+            criteria = q.get("criteria")
+            if not isinstance(criteria, dict):
+                raise InvalidDecision(f"{where}.criteria: a choice needs an object of options (id -> description), "
+                                      f"got {'nothing' if criteria is None else shown(criteria)}",
+                                      param=f"{where}.criteria")
+            if not 1 <= len(criteria) <= MAX_OPTIONS:
+                raise InvalidDecision(f"{where}.criteria: a choice has 1 to {MAX_OPTIONS} options, got {len(criteria)}",
+                                      param=f"{where}.criteria")
+            items = list(criteria.items())
+        elif kind == "score":
+            criteria = q.get("criteria")
+            if not isinstance(criteria, list):
+                raise InvalidDecision(f"{where}.criteria: a score needs an array of levels, lowest first, got "
+                                      f"{'nothing' if criteria is None else shown(criteria)}",
+                                      param=f"{where}.criteria")
+            if not MIN_LEVELS <= len(criteria) <= MAX_LEVELS:
+                raise InvalidDecision(f"{where}.criteria: a score has {MIN_LEVELS} to {MAX_LEVELS} levels, got "
+                                      f"{len(criteria)}", param=f"{where}.criteria")
+            items = [(str(i), v) for i, v in enumerate(criteria)]
+        else:
+            items = []
+        for key, value in items:
+            path = f"{where}.criteria.{key}" if kind == "choice" else f"{where}.criteria[{key}]"
+            if not _text_like(value):
+                raise InvalidDecision(f"{path}: expected a string, object or array, got {shown(value)}", param=path)
+            if _image_part(value):
+                raise InvalidRequest(f"{path}: an image content part is an image-input extension; decisions take "
+                                     "no image input", param=path)
+        out.append(Question(qid, kind, q))
+    return out
+
+
+# ---- the policy: rendering on the control VM -------------------------------------------------------
+
+@dataclass(frozen=True)
+class PreparedQuestion:
+    question: Question
+    prompt: list[int]
+    choices: list[int]
+
+
+def _contract_error(message: str) -> LoomError:
+    return LoomError(f"the control program's {QUESTION_FN}() broke the decision contract: {message}")
+
+
+class DecisionPolicy:
+    def __init__(self, vm: Any, tokenizer: Any, vocab_size: int):
+        self.vm = vm
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        if not vm.has(QUESTION_FN):
+            raise CompileError(f"a decision deployment's control program needs fn {QUESTION_FN}(state: any, id: str, "
+                               "question: map, tok: any) -> map")
+        self.capacity = MAX_QUESTIONS
+        if vm.has(CAPACITY_FN):
+            value = vm.call(CAPACITY_FN, [])
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CompileError(f"the control program's {CAPACITY_FN}() must return a positive integer")
+            self.capacity = min(value, MAX_QUESTIONS)
+
+    def prepare(self, state: Any, questions: list[Question]) -> list[PreparedQuestion]:
+        """Render every question (PolicyFailure carries the policy's own 422 / 4xx)."""
+        out = []
+        for q in questions:
+            result = self.vm.call(QUESTION_FN, [state, q.id, q.body, self.tokenizer])
+            if not isinstance(result, dict):
+                raise _contract_error(f"question '{q.id}': it must return a map")
+            prompt, choices = result.get("prompt"), result.get("choices")
+            if not isinstance(prompt, list) or not prompt or not all(
+                    type(t) is int and 0 <= t < self.vocab_size for t in prompt):
+                raise _contract_error(f"question '{q.id}': 'prompt' must be a non-empty list of token ids in "
+                                      f"0..{self.vocab_size - 1}")
+            want = len(q.options)
+            if not isinstance(choices, list) or len(choices) != want or not all(
+                    type(t) is int and 0 <= t < self.vocab_size for t in choices):
+                raise _contract_error(f"question '{q.id}': 'choices' must be {want} token ids in "
+                                      f"0..{self.vocab_size - 1}, one per answer")
+            if len(set(choices)) != len(choices):
+                raise _contract_error(f"question '{q.id}': 'choices' repeats a token id, so two answers would "
+                                      "share one probability")
+            out.append(PreparedQuestion(q, prompt, choices))
+        return out
+
+
+# ---- the service --------------------------------------------------------------------------------------
+
+class Decision(Job):
+    """One decision request: its question rows, run over one or more passes."""
+
+    def __init__(self, questions: list[PreparedQuestion]):
+        super().__init__([], kind="systemone")
+        self.questions = list(questions)
+        self.probabilities: list[np.ndarray | None] = [None] * len(self.questions)
+        self.scheduled = 0              # rows handed to a pass so far
+        self.answered = 0
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(q.prompt) for q in self.questions)
+
+    def describe(self, state: str) -> dict[str, Any]:
+        out = super().describe(state)
+        out.update(questions=len(self.questions), questions_done=self.answered, prompt_tokens=self.input_tokens)
+        return out
+
+
+def check_vector(vector: np.ndarray, padding: np.ndarray, qid: str) -> None:
+    """A stage's probability vector as the contract requires it, or a 500 naming the question."""
+    problem = None
+    if not np.isfinite(vector).all():
+        problem = "holds a non-finite value"
+    elif (vector < 0).any():
+        problem = f"holds a negative value ({float(vector.min())!r})"
+    elif abs(float(vector.astype(np.float64).sum()) - 1.0) > SUM_TOLERANCE:
+        problem = f"sums to {float(vector.astype(np.float64).sum())!r}, not 1 within {SUM_TOLERANCE}"
+    elif padding.size and (padding != 0).any():
+        problem = "has non-zero padding after its last answer"
+    if problem is not None:
+        raise LoomError(f"stage '{DECIDE_STAGE}' returned a malformed probability vector for question '{qid}': "
+                        f"it {problem}; it is not normalised or truncated by the host")
+
+
+class DecisionService(StageService):
+    def __init__(self, *args: Any, page_size: int, pass_tokens: int = PASS_TOKENS, **kwargs: Any):
+        state = kwargs["state"] if "state" in kwargs else args[4]
+        pages = next((a.shape[0] for a in state.values()), 0)
+        self.pool = PagePool(pages, page_size)
+        self.pass_tokens = pass_tokens
+        super().__init__(*args, **kwargs)
+
+    @property
+    def max_prompt(self) -> int:
+        return self.pool.pages * self.pool.page_size
+
+    def submit(self, job: Job) -> Any:
+        if not isinstance(job, Decision):
+            raise InvalidRequest("a decision deployment serves decisions")
+        for q in job.questions:
+            if len(q.prompt) > self.max_prompt:
+                raise InvalidDecision(f"question '{q.question.id}' renders to {len(q.prompt)} tokens, but model "
+                                      f"'{self.model}' keeps {self.max_prompt} KV positions",
+                                      param=f"questions.{q.question.id}")
+        return super().submit(job)
+
+    def counts(self) -> dict[str, int]:
+        out = super().counts()
+        with self._cond:
+            out.update(pages_used=self.pool.used, pages_free=self.pool.free)
+        return out
+
+    def _resolve(self, job: Decision, error: LoomError | None) -> None:
+        if error is None:
+            job.future.set_result(job.probabilities)
+        else:
+            job.future.set_exception(error)
+
+    def _pass(self, jobs: list[Job]) -> None:
+        try:
+            params = self.residency.acquire(self.component)
+        except LoomError as exc:
+            self._fail_all(jobs, exc)
+            return
+        try:
+            self._cohort(jobs, params)
+        finally:
+            self.residency.release(self.component)
+            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
+            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
+
+    def _plan(self, jobs: list[Decision]) -> list[tuple[Decision, int, list[int]]]:
+        """(request, row index, pages) of the rows in this pass: whole prompts, oldest request
+        first, while the token budget and the free pages last (the first row always fits)."""
+        plan: list[tuple[Decision, int, list[int]]] = []
+        tokens = 0
+        with self._cond:
+            for job in jobs:
+                while job.scheduled < len(job.questions):
+                    n = len(job.questions[job.scheduled].prompt)
+                    if plan and tokens + n > self.pass_tokens:
+                        return plan
+                    pages = self.pool.reserve(n)
+                    if pages is None:
+                        return plan
+                    plan.append((job, job.scheduled, pages))
+                    job.scheduled += 1
+                    tokens += n
+        return plan
+
+    def _cohort(self, jobs: list[Decision], params: dict[str, Any]) -> None:
+        plan = self._plan([j for j in jobs if j.cancelled is None])
+        if not plan:
+            return
+        try:
+            out = self._decide(plan, params)
+        finally:
+            with self._cond:
+                for _, _, pages in plan:
+                    self.pool.release(pages)
+        if isinstance(out, LoomError):
+            self._fail_all(list(dict.fromkeys(job for job, _, _ in plan)), out)
+            return
+        self.steps_run += 1
+        failed: dict[int, LoomError] = {}
+        for r, (job, row, _) in enumerate(plan):
+            if job.id in failed:
+                continue
+            q = job.questions[row]
+            n = len(q.choices)
+            try:
+                check_vector(out[r, :n], out[r, n:], q.question.id)
+            except LoomError as exc:
+                failed[job.id] = exc
+                self._finish(job, exc)
+                continue
+            job.probabilities[row] = out[r, :n].copy()
+            job.answered += 1
+        for job in dict.fromkeys(job for job, _, _ in plan):
+            if job.id not in failed and job.answered == len(job.questions):
+                self._finish(job, None)
+
+    def _decide(self, plan: list[tuple[Decision, int, list[int]]], params: dict[str, Any]) -> np.ndarray | LoomError:
+        R = len(plan)
+        P = max(len(pages) for _, _, pages in plan)
+        C = max(len(job.questions[row].choices) for job, row, _ in plan)
+        tokens: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        last = np.zeros(R, np.int32)
+        page_table = np.zeros((R, P), np.int32)
+        choices = np.zeros((R, C), np.int32)
+        counts = np.zeros(R, np.int32)
+        for r, (job, row, pages) in enumerate(plan):
+            q = job.questions[row]
+            tokens += q.prompt
+            positions += range(len(q.prompt))
+            rows += [r] * len(q.prompt)
+            last[r] = len(tokens) - 1
+            page_table[r, :len(pages)] = pages
+            choices[r, :len(q.choices)] = q.choices
+            counts[r] = len(q.choices)
+        inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
+                  "rows": np.asarray(rows, np.int32), "page_table": page_table, "last": last,
+                  "choices": choices, "counts": counts}
+        try:
+            probs = self.executables.programs[DECIDE_STAGE].run(params, self.state, inputs)["probs"]
+        except LoomError as exc:
+            return exc
+        except Exception as exc:  # a bug below us: fail these requests, keep serving
+            return LoomError(f"stage '{DECIDE_STAGE}' failed: {type(exc).__name__}: {exc}")
+        probs = np.asarray(probs)
+        if probs.shape != (R, C) or probs.dtype != np.float32:
+            return LoomError(f"stage '{DECIDE_STAGE}' returned {probs.dtype}{list(probs.shape)}, expected "
+                             f"float32[{R}, {C}]")
+        return probs
+
+
+# ---- the answers, as the response encodes them -----------------------------------------------------
+
+def answers(questions: list[PreparedQuestion], probabilities: list[np.ndarray]) -> dict[str, Any]:
+    """`answers` of a `systemone.result`: per question id, in request order."""
+    out: dict[str, Any] = {}
+    for pq, vector in zip(questions, probabilities):
+        q = pq.question
+        p = [float(x) for x in vector]
+        if q.type == "choice":
+            ids = q.options
+            best = max(range(len(p)), key=lambda i: (p[i], -i))
+            out[q.id] = {"type": "choice", "choice": ids[best], "probabilities": dict(zip(ids, p))}
+        elif q.type == "score":
+            out[q.id] = {"type": "score", "score": sum(i * x for i, x in enumerate(p)), "probabilities": p,
+                         "legend": list(q.body["criteria"])}
+        else:
+            out[q.id] = {"type": "noul", "probability": p[0]}
+    return out
+
+
+# ---- the kind module's entry points (loomrt.services) --------------------------------------------
+
+def create_policy(reg: Any, executables: Any, tokenizer: Any) -> DecisionPolicy:
+    from loomrt.vm import Vm
+
+    if DECIDE_STAGE not in executables.programs:
+        raise CompileError(f"model '{reg.name}': a decision deployment's control program declares "
+                           f"`stage {DECIDE_STAGE}` (docs/source-contracts.md)")
+    if tokenizer is None:
+        raise CompileError(f"model '{reg.name}': a decision deployment needs a tokenizer")
+    return DecisionPolicy(Vm(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+
+
+def _pooled_state(reg: Any, component: Any, residency: Any, state: dict, page_size: int) -> dict:
+    """`per page` state with at least DEFAULT_POOL_POSITIONS positions. A decision document has
+    no `pool_capacity`, so the generic allocation gives a pooled state a single page; the
+    arrays are reallocated here and the device ledger is corrected."""
+    from loomrt.launch import allocate
+
+    want = math.ceil((reg.document.pool_capacity or DEFAULT_POOL_POSITIONS) / page_size)
+    if not state or next(iter(state.values())).shape[0] >= want:
+        return state
+    pooled = {}
+    for program in reg.executables.programs.values():
+        for name, spec in program.plan.states.items():
+            if name not in pooled:
+                if spec.dims[0].bare_symbol == "<pages>":
+                    pooled[name] = allocate(spec.dtype, [want] + [int(d.constant) for d in spec.dims[1:]])
+                else:
+                    pooled[name] = state[name]
+    state.clear()
+    state.update(pooled)
+    reg.state_bytes = sum(int(a.nbytes) for a in state.values())
+    residency.devices.set(component.device.key, f"{reg.name}/primary", "state", reg.state_bytes)
+    return state
+
+
+def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> DecisionService:
+    from loomrt.state import PAGE_SIZE_CONFIG, config_constant
+
+    page_size = config_constant(reg.executables.checked, PAGE_SIZE_CONFIG) or 1
+    state = _pooled_state(reg, component, residency, state, page_size)
+    common["max_active"] = common.get("max_active") or DEFAULT_ACTIVE
+    return DecisionService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
+                           page_size=page_size, **common)
+
+
+__all__ = ["DecisionPolicy", "Decision", "DecisionService", "InvalidDecision", "PreparedQuestion", "Question",
+           "answers", "check_body_fields", "check_vector", "create_policy", "create_service", "parse_questions"]
