@@ -37,7 +37,7 @@ from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomErr
 from loomrt.package import PackageFiles
 from loomrt.prepare import prepare_params
 from loomrt.residency import Component, Residency
-from loomrt.services import service_module, serving_module
+from loomrt.services import serving_module
 from loomrt.services.base import Job, StageService
 from loomrt.state import allocate_state, host_sizes, state_bytes
 from loomrt.tokenizer import load_tokenizer, unpadded
@@ -78,9 +78,10 @@ class Registration:
 
     @property
     def native_only(self) -> bool:
-        """Compiled without its kind's HTTP stage: served through the Python API only."""
-        return self.executables is not None and serving_module(self.document.kind, set(self.executables.programs)) \
-            is None and service_module(self.document.kind) is not None
+        """No HTTP inference route serves it: its kind has no service yet, or its program lacks
+        the kind's stage. It is served through the Python API only (spec: "native-only")."""
+        return self.executables is not None and \
+            serving_module(self.document.kind, set(self.executables.programs)) is None
 
     def declared_components(self) -> tuple[str, ...]:
         return ("primary", "image") if self.document.image is not None else ("primary",)
