@@ -1,0 +1,137 @@
+"""Retained conversations over HTTP (spec: "Retained conversations"): automatic reuse of an idle
+row's history, named sessions (`X-Loom-Session`), `cached_tokens`, and `/v1/sessions`.
+
+Correctness is always judged against a fresh replay: the same request sent to a twin
+deployment of the same weights that holds no history gives the same greedy text, so reuse
+changes only how much is prefilled (`cached_tokens`), never the answer."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from scout_daemon import chat, scheduler, scout_document, start_scout, wait_until
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("retained")
+    twin = scout_document(tmp, "twin", rows=2, context_length=512, max_output_tokens=24)
+    other = scout_document(tmp, "other", rows=2, context_length=512, max_output_tokens=24,
+                           session_cache_capacity=2)
+    daemon = start_scout(tmp, twin, other, rows=2, context_length=512, max_output_tokens=24,
+                         session_cache_capacity=2)
+    try:
+        for model in ("scout", "twin", "other"):  # a deployment's first step loads its kernels: slow once
+            r = chat(daemon, {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+                     timeout=300)
+            assert r.status == 200, r.body
+        yield daemon
+    finally:
+        assert daemon.stop() == 0
+
+
+def ask(server, model, messages, **headers):
+    r = chat(server, {"model": model, "messages": messages, "temperature": 0, "max_tokens": 24}, timeout=180,
+             **headers)
+    assert r.status == 200, r.body
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]
+
+
+def fresh(server, messages):
+    """The answer with no reusable history: the twin deployment, its rows evicted first."""
+    for i in range(2):  # two unrelated requests take both of the twin's rows
+        ask(server, "twin", [{"role": "user", "content": f"Say the number {i + 40}."}])
+    return ask(server, "twin", messages)
+
+
+def test_second_turn_reuses_the_first_turns_row(server):
+    first = [SYSTEM, {"role": "user", "content": "Name a large city in Japan."}]
+    answer, usage1 = ask(server, "scout", first)
+    second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And in Italy?"}]
+    text, usage2 = ask(server, "scout", second)
+    assert usage2["prompt_tokens_details"]["cached_tokens"] >= \
+        usage1["prompt_tokens"] + usage1["completion_tokens"] - 1, (usage1, usage2)
+    replay_text, replay_usage = fresh(server, second)
+    assert text == replay_text
+    assert replay_usage["prompt_tokens"] == usage2["prompt_tokens"]
+
+
+def test_edited_history_replays_a_shorter_prefix(server):
+    first = [SYSTEM, {"role": "user", "content": "What colour is the sky on a clear day?"}]
+    answer, usage1 = ask(server, "scout", first)
+    edited = [SYSTEM, {"role": "user", "content": "What colour is grass?"}, {"role": "assistant", "content": answer},
+              {"role": "user", "content": "Why?"}]
+    text, usage2 = ask(server, "scout", edited)
+    cached = usage2["prompt_tokens_details"]["cached_tokens"]
+    assert cached < usage1["prompt_tokens"], (usage1, usage2)
+    assert text == fresh(server, edited)[0]
+
+
+def test_named_session_continues_its_own_history(server):
+    first = [{"role": "user", "content": "Remember the word lantern."}]
+    answer, usage1 = ask(server, "scout", first, **{"X-Loom-Session": "s-1"})
+    second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Which word?"}]
+    text, usage2 = ask(server, "scout", second, **{"X-Loom-Session": "s-1"})
+    assert usage2["prompt_tokens_details"]["cached_tokens"] >= \
+        usage1["prompt_tokens"] + usage1["completion_tokens"] - 1
+    assert text == fresh(server, second)[0]
+    sessions = server.request("GET", "/v1/sessions").json()["data"]
+    mine = [s for s in sessions if s["session"] == "s-1" and s["model"] == "scout"]
+    assert len(mine) == 1 and mine[0]["position"] >= usage2["prompt_tokens"]
+    assert mine[0]["residency"] in ("row", "host")
+
+
+def test_untagged_requests_do_not_take_a_named_history(server):
+    messages = [{"role": "user", "content": "Spell the word river."}]
+    ask(server, "scout", messages, **{"X-Loom-Session": "s-2"})
+    _, usage = ask(server, "scout", messages)   # same prompt, untagged: the session is not a candidate
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_same_session_name_on_two_deployments_is_independent(server):
+    a = [{"role": "user", "content": "Count to three."}]
+    b = [{"role": "user", "content": "Name a fruit."}]
+    ask(server, "scout", a, **{"X-Loom-Session": "shared"})
+    ask(server, "other", b, **{"X-Loom-Session": "shared"})
+    # continuing the scout session reuses scout's history, not other's
+    _, usage = ask(server, "scout", a + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}],
+                   **{"X-Loom-Session": "shared"})
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0
+    listed = {(s["model"], s["session"]) for s in server.request("GET", "/v1/sessions").json()["data"]}
+    assert {("scout", "shared"), ("other", "shared")} <= listed
+
+
+def test_concurrent_use_of_one_session_is_409(server):
+    long = {"model": "scout", "messages": [{"role": "user", "content": "Count from 1 to 100."}],
+            "temperature": 0, "max_tokens": 24}
+    results = {}
+
+    def first():
+        results["first"] = chat(server, long, timeout=180, **{"X-Loom-Session": "busy-1"})
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    wait_until(lambda: scheduler(server)["active"] >= 1, "the first request to be running")
+    second = chat(server, long, timeout=180, **{"X-Loom-Session": "busy-1"})
+    thread.join(120)
+    assert results["first"].status == 200
+    assert second.status == 409 and second.json()["error"]["code"] == "conflict"
+
+
+def test_session_cache_keeps_named_histories_beyond_the_rows(server):
+    """With 2 rows and session_cache_capacity 2, a named history pushed out of its row by other
+    requests moves to host memory and is still reused (restored into fresh pages)."""
+    first = [{"role": "user", "content": "The code word is amber."}]
+    answer, usage1 = ask(server, "other", first, **{"X-Loom-Session": "keep"})
+    for i in range(3):   # untagged traffic takes both rows
+        ask(server, "other", [{"role": "user", "content": f"Say {i}."}])
+    second = first + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Repeat it."}]
+    text, usage2 = ask(server, "other", second, **{"X-Loom-Session": "keep"})
+    assert usage2["prompt_tokens_details"]["cached_tokens"] >= \
+        usage1["prompt_tokens"] + usage1["completion_tokens"] - 1
+    assert text == fresh(server, second)[0]
