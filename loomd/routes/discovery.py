@@ -29,7 +29,7 @@ def model_object(reg: Registration) -> dict[str, Any]:
     if doc.image is not None:
         inputs = inputs + ["image"]
     loom: dict[str, Any] = {"kind": doc.kind, "tokenize": reg.tokenizer is not None,
-                            "input_tokens": reg.policy is not None,
+                            "input_tokens": doc.kind == "text" and reg.policy is not None,
                             "admission": reg.admission,
                             "resident": all(c.resident for c in reg.components.values())}
     if not reg.native_only:

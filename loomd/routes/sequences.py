@@ -1,0 +1,146 @@
+"""Known-token sequences (spec: "Known-token sequences"): `POST /v1/sequences`, streamed as SSE.
+
+The host owns the request's shape: `model`, optional `session` (a handle this server
+issued), `position` (the completed position the caller knows), nonempty `token_ids`
+(nonnegative int32) and an optional `options` object that the model's control program
+validates (`sequence_request`). Everything else (unknown, duplicate or wrongly typed
+fields, an `X-Loom-Session` header: identity is the body's `session`) is a 400 before
+admission; an unknown model or one that is not a sequence deployment is 404. Admission
+errors (unknown handle 404, busy handle or stale position 409, context/pool 400, a full
+queue 503) are JSON errors. Once admitted the response is SSE:
+
+    event: attached   {"session", "position"}
+    event: chunk      {"session", "position", "next_position", "token_ids", "encoding": "base64", "data"}
+    event: done       {"session", "position"}
+
+one `chunk` per execution step the request took part in; a failure after the stream began
+is one `event: error` with the usual error body, and the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import time
+from typing import Any
+
+from aiohttp import web
+
+from loomd.app import JOURNAL, METRICS, REGISTRY
+from loomd.bodies import json_body
+from loomd.errors import error_body
+from loomrt.errors import InvalidRequest, LoomError, NotFound
+from loomrt.fields import expect_integer, expect_object, expect_string, fail, reject_unknown
+from loomrt.registry import Registration
+from loomrt.services.sequence import INT32_MAX, STEP_STAGE, SequenceAppend, SequencePolicy
+from loomrt.services.text import Outbox
+
+SEQUENCE_FIELDS = ("model", "session", "position", "token_ids", "options")
+HANDLE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: ".encode() + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
+
+
+def validate_sequence(body: dict[str, Any]) -> tuple[str, str | None, int, list[int], dict[str, Any]]:
+    """(model, session, position, token_ids, options) after the host-owned checks."""
+    reject_unknown(body, SEQUENCE_FIELDS)
+    for key in ("model", "position", "token_ids"):
+        if key not in body:
+            raise InvalidRequest(f"{key}: required field is missing", param=key)
+    model = expect_string("model", body["model"])
+    session = None
+    if "session" in body:
+        session = expect_string("session", body["session"])
+        if not HANDLE.match(session):
+            raise fail("session", f"expected a handle of 32 lowercase hex digits, got {json.dumps(session)}")
+    position = expect_integer("position", body["position"], 0, INT32_MAX)
+    ids = body["token_ids"]
+    if not isinstance(ids, list):
+        raise fail("token_ids", "expected a nonempty array of token ids")
+    if not ids:
+        raise fail("token_ids", "must not be empty")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT32_MAX:
+            raise fail(f"token_ids[{i}]", f"expected a nonnegative int32, got {json.dumps(t)}")
+    if session is None and position != 0:
+        raise fail("position", f"an initial request (no session) starts at position 0, got {position}")
+    options = expect_object("options", body["options"]) if "options" in body else {}
+    return model, session, position, ids, options
+
+
+def sequence_registration(request: web.Request, name: str) -> Registration:
+    reg = request.app[REGISTRY].get(name)
+    if reg.document.kind != "sequence":
+        raise NotFound(f"model '{reg.name}' is a {reg.document.kind} deployment; it does not serve "
+                       f"{request.path}", param="model")
+    request.app[REGISTRY].check_admission(reg, need_service=False)
+    if reg.native_only or not isinstance(reg.policy, SequencePolicy):
+        raise NotFound(f"model '{reg.name}' declares no `stage {STEP_STAGE}`: it is a native-only sequence "
+                       f"program without an HTTP endpoint", param="model")
+    return reg
+
+
+async def sequences(request: web.Request) -> web.StreamResponse:
+    body = await json_body(request)
+    if "X-Loom-Session" in request.headers:
+        raise InvalidRequest("X-Loom-Session is not accepted on /v1/sequences: the handle is the body's "
+                             "'session' field", param="X-Loom-Session")
+    if "X-Loom-Checkpoint" in request.headers:
+        raise InvalidRequest("X-Loom-Checkpoint is not supported by this server yet", param="X-Loom-Checkpoint")
+    model, session, position, ids, options = validate_sequence(body)
+    reg = sequence_registration(request, model)
+    prepared = await asyncio.to_thread(reg.policy.prepare, options)
+    if prepared.token_limit is not None:
+        for i, t in enumerate(ids):
+            if t >= prepared.token_limit:
+                raise InvalidRequest(f"token_ids[{i}]: {t} is not a token id of model '{reg.name}' "
+                                     f"(ids are below {prepared.token_limit})", param=f"token_ids[{i}]")
+    job = SequenceAppend(ids, position, session, prepared.options,
+                         outbox=Outbox(loop=asyncio.get_running_loop()))
+    future = request.app[REGISTRY].submit(reg.name, job)
+    future.add_done_callback(lambda f: _log_outcome(request, job, f))
+    request.app[METRICS].tokens.labels(reg.name, "input").inc(len(ids))
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+        await response.write(_event("attached", {"session": job.handle, "position": position}))
+        while True:
+            kind, payload = await job.outbox.aget()
+            if kind == "chunk":
+                data = base64.b64encode(payload.pop("data")).decode("ascii")
+                await response.write(_event("chunk", {**payload, "encoding": "base64", "data": data}))
+            elif kind == "done":
+                await response.write(_event("done", payload))
+                break
+            else:
+                error: LoomError = payload
+                await response.write(_event("error", error_body(error.status, error.message, error.code,
+                                                                error.param)))
+                break
+        await response.write_eof()
+    except BaseException:
+        # The client left (or the stream broke): the append stops at the next step boundary
+        # and its handle is invalidated once the step in flight retires.
+        job.cancel()
+        raise
+    return response
+
+
+def _log_outcome(request: web.Request, job: SequenceAppend, future) -> None:
+    """One `/logz` record per finished append (runs on the service worker thread)."""
+    error = future.exception()
+    record = {"event": "request", "route": request.path, "model": job.model, "request": job.id,
+              "session": job.handle, "position": job.position, "tokens": len(job.token_ids),
+              "consumed": job.consumed, "chunks": job.chunks,
+              "duration_ms": round(1000 * (time.time() - job.created), 1)}
+    if error is not None:
+        record["error"] = {"code": getattr(error, "code", "internal_error"), "message": str(error)}
+    request.app[JOURNAL].publish(record)
+
+
+def add_routes(add) -> None:
+    add("POST", "/v1/sequences", sequences)

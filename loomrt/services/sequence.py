@@ -1,0 +1,422 @@
+"""The sequence service: known token ids appended to server-issued handles, one chunk per step.
+
+A `kind: "sequence"` deployment (spec "Known-token sequences"; the source contract in
+`docs/source-contracts.md`) consumes exact token ids the caller supplies and returns the
+stage's opaque per-token bytes. It selects nothing and never advances past those ids.
+
+* **Handles.** An initial request gets a fresh handle (`secrets.token_hex(16)`, 32 hex
+  characters); the handle owns its row's KV pages between requests, so an append (same
+  handle, the exact completed position, only the new ids) continues from the retained
+  state. A handle is a `Session` in a bounded cache: active appends use the document's
+  `rows` as execution rows; idle handles keep their pages while the pool allows, and the
+  least recently used idle handles are evicted (pages freed, handle forgotten: 404) when a
+  starting append needs pages. A handle in use by an accepted append is busy: another
+  append on it is `Conflict` (409), as is a stale position.
+* **Steps.** Each pass packs one `consume` call: every runnable active append contributes
+  its next ids from a shared per-step budget (`config step_tokens`, else `STEP_TOKENS`), in
+  admission order. Every append that took part gets one chunk: its position, next
+  position, the ids and the bytes of its rows of the stage's result (copied out of the
+  program's reusable buffers before the next step). Chunk boundaries are therefore the
+  execution cohorts, not the request's size.
+* **Credit.** Each append's `Outbox` is bounded; an append whose reader has not taken
+  `credit` chunks is left out of new steps until it does, while the others continue.
+* **Failures.** A client that leaves cancels its append at the next step boundary (the
+  step in flight retires first); any append that ends without completing (cancelled,
+  failed, aborted) invalidates its handle, since what its pages hold is no longer a
+  position the client knows for certain.
+* **Admission.** Context and pool limits are checked when the request is submitted:
+  `position + len(ids)` above `context_length`, or more pages than the whole pool, is
+  `InvalidRequest` (400) with the numbers; an append that fits later waits in the queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound
+from loomrt.kv import PagePool
+from loomrt.services.base import Job, StageService
+from loomrt.services.text import Outbox
+
+STEP_STAGE = "consume"
+SERVICE_STAGE = STEP_STAGE  # a sequence program without it is native-only (loomrt.services.serving_module)
+REQUEST_FN = "sequence_request"
+STEP_TOKENS_CONFIG = "step_tokens"
+STEP_TOKENS = 256
+CREDIT = 8          # chunks a reader may leave untaken before its row sits out new steps
+INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class Session:
+    """A handle's retained state: the positions consumed so far and the pages holding them."""
+
+    handle: str
+    position: int = 0
+    pages: list[int] = field(default_factory=list)
+    busy: "SequenceAppend | None" = None    # the accepted append that owns the handle now
+    last_used: float = field(default_factory=time.monotonic)
+    dropped: bool = False
+
+
+class SequenceAppend(Job):
+    """One request: known ids appended to a handle (a new one when `session` is None)."""
+
+    def __init__(self, token_ids: list[int], position: int, session: str | None = None, options: Any = None, *,
+                 outbox: Outbox | None = None, kind: str = "sequence"):
+        super().__init__([], kind=kind)
+        self.token_ids = [int(t) for t in token_ids]
+        self.position = position              # the completed position the request names
+        self.requested_session = session
+        self.options = options
+        self.outbox = outbox or Outbox()
+        self.session: Session | None = None   # set at admission
+        self.consumed = 0                     # ids of this request written to the cache
+        self.chunks = 0
+        self.error: LoomError | None = None
+        self._wake = lambda: None
+
+    @property
+    def handle(self) -> str | None:
+        return self.session.handle if self.session is not None else None
+
+    @property
+    def remaining(self) -> int:
+        return len(self.token_ids) - self.consumed
+
+    @property
+    def end(self) -> int:
+        return self.position + len(self.token_ids)
+
+    def cancel(self, reason: LoomError | None = None) -> None:
+        super().cancel(reason)
+        self._wake()
+
+    def describe(self, state: str) -> dict[str, Any]:
+        out = super().describe(state)
+        out.update(position=self.position, tokens=len(self.token_ids), consumed=self.consumed, chunks=self.chunks)
+        return out
+
+
+class SequenceService(StageService):
+    def __init__(self, *args: Any, page_size: int, context_length: int, step_tokens: int = STEP_TOKENS,
+                 credit: int = CREDIT, pages: int | None = None, **kwargs: Any):
+        self.context_length = context_length
+        self.step_tokens = max(1, int(step_tokens))
+        self.credit = credit
+        if pages is None:  # the first state's leading dimension (a program whose states are all per page)
+            state = kwargs["state"] if "state" in kwargs else args[4]
+            pages = next((a.shape[0] for a in state.values()), 0)
+        self.pool = PagePool(pages, page_size)
+        self.pages_per_row = self.pool.pages_for(context_length)
+        self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()  # LRU first
+        self.evictions = 0
+        super().__init__(*args, **kwargs)
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Any:
+        if not isinstance(job, SequenceAppend):
+            raise InvalidRequest("a sequence deployment serves known-token appends")
+        if not job.token_ids:
+            raise InvalidRequest("token_ids: must not be empty", param="token_ids")
+        if job.end > self.context_length:
+            raise InvalidRequest(f"the sequence would reach position {job.end} ({job.position} + "
+                                 f"{len(job.token_ids)} ids), but model '{self.model}' has a context of "
+                                 f"{self.context_length} positions per sequence", param="token_ids")
+        if self.pool.pages_for(job.end) > self.pool.pages:
+            raise InvalidRequest(f"the sequence would need {self.pool.pages_for(job.end)} KV pages "
+                                 f"({job.end} positions), but model '{self.model}' has a pool of "
+                                 f"{self.pool.pages} pages ({self.pool.pages * self.pool.page_size} positions)",
+                                 param="token_ids")
+        job._wake = self.wake
+        job.outbox.wake_worker = self.wake
+        job.outbox.credit = self.credit
+        with self._cond:
+            if job.requested_session is None:
+                if job.position != 0:
+                    raise InvalidRequest(f"position: an initial request (no session) starts at 0, got "
+                                         f"{job.position}", param="position")
+                session = Session(secrets.token_hex(16))
+            else:
+                session = self._sessions.get(job.requested_session)
+                if session is None:
+                    raise NotFound(f"sequence session {job.requested_session!r} is unknown to model "
+                                   f"'{self.model}' (never issued, evicted or invalidated)", param="session")
+                if session.busy is not None:
+                    raise Conflict(f"sequence session {session.handle!r} is in use by another request",
+                                   param="session")
+                if session.position != job.position:
+                    raise Conflict(f"stale position {job.position}: sequence session {session.handle!r} is at "
+                                   f"position {session.position}", param="position")
+            job.session = session
+            session.busy = job
+            try:
+                future = super().submit(job)
+            except LoomError:
+                session.busy = None
+                job.session = None
+                raise
+            if job.requested_session is None:
+                self._sessions[session.handle] = session
+            self._sessions.move_to_end(session.handle)
+            session.last_used = time.monotonic()
+            return future
+
+    def counts(self) -> dict[str, int]:
+        out = super().counts()
+        with self._cond:
+            out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0,
+                       sessions=len(self._sessions), evictions=self.evictions)
+        return out
+
+    def session_position(self, handle: str) -> int | None:
+        """The completed position of a retained handle, or None (for tests and inspection)."""
+        with self._cond:
+            session = self._sessions.get(handle)
+            return None if session is None else session.position
+
+    # ---- hooks (under the lock) ----------------------------------------------------------------
+
+    def _drop(self, session: Session) -> None:
+        """Forget a handle and free its pages (idempotent)."""
+        if session.dropped:
+            return
+        session.dropped = True
+        if self._sessions.get(session.handle) is session:
+            del self._sessions[session.handle]
+        self.pool.release(session.pages)
+        session.pages = []
+
+    def _evict_for(self, pages: int, keep: Session) -> bool:
+        """Evict least recently used idle handles until `pages` pages are free."""
+        for session in list(self._sessions.values()):
+            if self.pool.free >= pages:
+                break
+            if session is keep or session.busy is not None:
+                continue
+            self._drop(session)
+            self.evictions += 1
+        return self.pool.free >= pages
+
+    def _start(self, job: SequenceAppend) -> bool:
+        session = job.session
+        if job.cancelled is not None or session.dropped:
+            return True                   # admitted only to leave at the next boundary
+        need = self.pool.pages_for(job.end) - len(session.pages)
+        if need > 0:
+            if not self._evict_for(need, session):
+                if self._active:
+                    return False          # running appends will leave idle (evictable) pages
+                # Nothing runs, so nothing will free pages by itself: the rest is held by
+                # handles whose appends wait behind this one. Evict those, newest use last.
+                for other in list(self._pending):
+                    if self.pool.free >= need:
+                        break
+                    if other is not job and other.session is not None and other.session.pages:
+                        self._drop(other.session)
+                        self.evictions += 1
+                        other.cancel(NotFound(f"sequence session {other.session.handle!r} was evicted to "
+                                              "make room in the KV pool", param="session"))
+                if self.pool.free < need:
+                    return False
+            got = self.pool.reserve(need * self.pool.page_size)
+            session.pages += got
+        return True
+
+    def _released(self, job: SequenceAppend) -> None:
+        session = job.session
+        if session is None:
+            return
+        session.busy = None
+        session.last_used = time.monotonic()
+        if job.cancelled is not None or job.error is not None or job.remaining:
+            self._drop(session)
+        elif not session.dropped:
+            self._sessions.move_to_end(session.handle)
+
+    def _runnable(self, active: list[Job]) -> list[Job]:
+        return [j for j in active if j.cancelled is None and j.outbox.has_credit()]
+
+    def _finish(self, job: Job, error: LoomError | None) -> None:
+        job.error = error
+        super()._finish(job, error)
+
+    def _resolve(self, job: SequenceAppend, error: LoomError | None) -> None:
+        if error is not None:
+            with self._cond:
+                if job.session is not None:
+                    if job.session.busy is job:
+                        job.session.busy = None
+                    self._drop(job.session)    # an append that did not complete invalidates its handle
+            job.outbox.put("error", error)
+            job.future.set_exception(error)
+            return
+        payload = {"session": job.handle, "position": job.end}
+        job.outbox.put("done", payload)
+        job.future.set_result(payload)
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def _pass(self, jobs: list[Job]) -> None:
+        try:
+            params = self.residency.acquire(self.component)
+        except LoomError as exc:
+            self._fail_all(jobs, exc)
+            return
+        try:
+            self._step_rows(jobs, params)
+        finally:
+            self.residency.release(self.component)
+            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
+            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
+
+    def _plan(self, jobs: list[SequenceAppend]) -> list[tuple[SequenceAppend, int]]:
+        """(append, ids it feeds) per row of this step. The step's token budget is shared
+        fairly: each runnable append gets an equal share (at least one id while the budget
+        lasts), and what a short append leaves goes to the others in admission order, so a
+        long append never holds back the rows that share its steps."""
+        if not jobs:
+            return []
+        budget = self.step_tokens
+        share = max(1, budget // len(jobs))
+        take: dict[int, int] = {}
+        for i, job in enumerate(jobs):
+            n = min(job.remaining, share, budget)
+            if n > 0:
+                take[i] = n
+                budget -= n
+        for i, job in enumerate(jobs):
+            if budget <= 0:
+                break
+            extra = min(job.remaining - take.get(i, 0), budget)
+            if extra > 0:
+                take[i] = take.get(i, 0) + extra
+                budget -= extra
+        return [(jobs[i], take[i]) for i in sorted(take)]
+
+    def _step_rows(self, jobs: list[SequenceAppend], params: dict[str, Any]) -> None:
+        plan = self._plan(jobs)
+        if not plan:
+            return
+        R, P = len(plan), self.pages_per_row
+        tokens: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        page_table = np.full((R, P), -1, np.int32)
+        for r, (job, n) in enumerate(plan):
+            start = job.position + job.consumed
+            tokens += job.token_ids[job.consumed:job.consumed + n]
+            positions += range(start, start + n)
+            rows += [r] * n
+            page_table[r, :len(job.session.pages)] = job.session.pages
+        inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
+                  "rows": np.asarray(rows, np.int32), "page_table": page_table}
+        try:
+            out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
+            result = _per_token(out)
+        except LoomError as exc:
+            self._fail_all([job for job, _ in plan], exc)
+            return
+        except Exception as exc:  # a bug below us: fail these rows, keep serving
+            self._fail_all([job for job, _ in plan], LoomError(f"stage '{STEP_STAGE}' failed: "
+                                                               f"{type(exc).__name__}: {exc}"))
+            return
+        self.steps_run += 1
+        offset = 0
+        for job, n in plan:
+            start = job.position + job.consumed
+            data = result[offset:offset + n].tobytes()   # a copy: the next step may reuse the buffers
+            chunk = {"session": job.handle, "position": start, "next_position": start + n,
+                     "token_ids": job.token_ids[job.consumed:job.consumed + n], "data": data}
+            offset += n
+            with self._cond:
+                job.consumed += n
+                job.chunks += 1
+                job.session.position = start + n
+            job.outbox.put("chunk", chunk)
+            if not job.remaining:
+                self._finish(job, None)
+
+
+def _per_token(outputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The stage's single result as little-endian rows, one per packed token."""
+    if len(outputs) != 1:
+        raise LoomError(f"stage '{STEP_STAGE}' must have exactly one result (the per-token bytes), "
+                        f"got {sorted(outputs)}")
+    (value,) = outputs.values()
+    value = np.asarray(value)
+    if value.ndim < 1:
+        raise LoomError(f"stage '{STEP_STAGE}' must return one row per consumed token")
+    return np.ascontiguousarray(value, value.dtype.newbyteorder("<"))
+
+
+# ---- the policy and the service factory ------------------------------------------------------
+
+@dataclass(frozen=True)
+class SequenceRequest:
+    options: Any
+    token_limit: int | None
+
+
+class SequencePolicy:
+    """Calls the control program's `sequence_request(options)` (when it has one)."""
+
+    def __init__(self, vm: Any):
+        self.vm = vm
+        self.has_fn = vm.has(REQUEST_FN)
+
+    def prepare(self, options: dict[str, Any]) -> SequenceRequest:
+        if not self.has_fn:
+            if options:
+                raise InvalidRequest("options: this model takes no options (its control program has no "
+                                     f"{REQUEST_FN})", param="options")
+            return SequenceRequest({}, None)
+        result = self.vm.call(REQUEST_FN, [options])
+        if not isinstance(result, dict):
+            raise LoomError(f"the control program's {REQUEST_FN}() must return a map")
+        limit = result.get("token_limit")
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise LoomError(f"the control program's {REQUEST_FN}() returned a 'token_limit' that is not a "
+                            "positive integer")
+        return SequenceRequest(result.get("options", {}), limit)
+
+
+def create_policy(reg: Any, executables: Any, tokenizer: Any) -> SequencePolicy:
+    """The request policy (the control program's optional `sequence_request`). The registry
+    calls this only for a program that declares `stage consume`; one without it is
+    native-only and served by the plain `StageService` (the runtime tests' `mini`)."""
+    from loomrt.errors import CompileError
+    from loomrt.vm import Vm
+
+    if not _paged_states(executables.programs[STEP_STAGE]):
+        raise CompileError(f"model '{reg.name}': stage '{STEP_STAGE}' keeps no `per page` state, so a sequence "
+                           "handle would have nothing to retain (docs/source-contracts.md, sequence)")
+    return SequencePolicy(Vm(executables.control))
+
+
+def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> SequenceService:
+    from loomrt.state import PAGE_SIZE_CONFIG, config_constant
+
+    page_size = config_constant(reg.executables.checked, PAGE_SIZE_CONFIG)
+    paged = _paged_states(reg.executables.programs[STEP_STAGE])
+    step_tokens = config_constant(reg.executables.checked, STEP_TOKENS_CONFIG)
+    if not isinstance(step_tokens, int) or isinstance(step_tokens, bool) or step_tokens < 1:
+        step_tokens = STEP_TOKENS
+    return SequenceService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
+                           page_size=page_size, context_length=reg.document.context_length,
+                           step_tokens=step_tokens, pages=state[paged[0]].shape[0], **common)
+
+
+def _paged_states(program: Any) -> list[str]:
+    return [name for name, spec in program.plan.states.items() if spec.dims[0].bare_symbol == "<pages>"]
+
+
+__all__ = ["SERVICE_STAGE", "STEP_STAGE", "STEP_TOKENS", "SequenceAppend", "SequencePolicy", "SequenceRequest",
+           "SequenceService", "Session", "create_policy", "create_service"]

@@ -1,0 +1,169 @@
+"""The sequence service's scheduling over a fake `consume` program (no weights, no HTTP).
+
+The fake writes each token's (row-independent) value into `per page` state and returns
+f32 rows [id, position, sum of the ids at positions 0..p of its row as read back from the
+pages], so a test sees exactly which pages a step read: an append that did not continue
+from its handle's retained pages gets a different sum. Everything runs on the real
+`SequenceService` worker thread; tests wait on futures and outbox events with deadlines.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from loomrt.devices import Devices
+from loomrt.errors import Conflict, InvalidRequest, NotFound
+from loomrt.residency import Component, Residency
+from loomrt.services.sequence import SequenceAppend, SequenceService
+from loomrt.services.text import Outbox
+
+PAGE_SIZE = 4
+TIMEOUT = 10.0
+
+
+class FakeConsume:
+    """consume(tokens, positions, rows, page_table) -> (hidden: f32[T, 3])."""
+
+    def __init__(self):
+        self.calls: list[dict[str, np.ndarray]] = []
+        self.gate: threading.Event | None = None     # when set, each call waits for it
+
+    def run(self, params, state, inputs):
+        if self.gate is not None:
+            assert self.gate.wait(TIMEOUT)
+        self.calls.append({k: np.array(v) for k, v in inputs.items()})
+        cache = state["cache"]
+        tokens, positions, rows, table = (inputs[k] for k in ("tokens", "positions", "rows", "page_table"))
+        for t, p, r in zip(tokens, positions, rows):
+            cache[table[r, p // PAGE_SIZE], p % PAGE_SIZE] = t
+        out = np.zeros((len(tokens), 3), np.float32)
+        for i, (t, p, r) in enumerate(zip(tokens, positions, rows)):
+            out[i] = (t, p, sum(cache[table[r, j // PAGE_SIZE], j % PAGE_SIZE] for j in range(p + 1)))
+        return {"hidden": out}
+
+    def scratch_bytes(self):
+        return 0
+
+
+class FakeExecutables:
+    def __init__(self):
+        self.programs = {"consume": FakeConsume()}
+
+
+def make_service(*, rows=2, context_length=16, pool_pages=8, step_tokens=4, credit=8, pending=8):
+    devices = Devices()
+    residency = Residency(devices)
+    component = Component("seq", "primary", devices.get("cpu"), lambda: {})
+    residency.add(component)
+    residency.load(component)
+    state = {"cache": np.zeros((pool_pages, PAGE_SIZE), np.float32)}
+    return SequenceService("seq", FakeExecutables(), component, residency, state, pending, max_active=rows,
+                           page_size=PAGE_SIZE, context_length=context_length, step_tokens=step_tokens,
+                           credit=credit)
+
+
+def events(job: SequenceAppend) -> list[tuple[str, dict]]:
+    out = []
+    while True:
+        kind, payload = job.outbox.get(timeout=TIMEOUT)
+        out.append((kind, payload))
+        if kind != "chunk":
+            return out
+
+
+def run(service, ids, position=0, session=None) -> tuple[SequenceAppend, list[tuple[str, dict]]]:
+    job = SequenceAppend(ids, position, session, {}, outbox=Outbox())
+    service.submit(job)
+    return job, events(job)
+
+
+def rows_of(chunks) -> np.ndarray:
+    return np.concatenate([np.frombuffer(p["data"], "<f4").reshape(-1, 3) for k, p in chunks if k == "chunk"])
+
+
+@pytest.fixture
+def service():
+    s = make_service()
+    yield s
+    s.stop("abort").result(TIMEOUT)
+
+
+def test_chunks_follow_steps_and_appends_continue_from_retained_pages(service):
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    job, evs = run(service, ids)
+    assert [k for k, _ in evs] == ["chunk", "chunk", "done"]          # step budget 4: 4 + 3
+    assert [(p["position"], p["next_position"], p["token_ids"]) for _, p in evs[:-1]] == [
+        (0, 4, [5, 6, 7, 8]), (4, 7, [9, 10, 11])]
+    assert evs[-1][1] == {"session": job.handle, "position": 7}
+    whole = rows_of(evs)
+    first, evs1 = run(service, ids[:3])
+    second, evs2 = run(service, ids[3:], position=3, session=first.handle)
+    assert second.handle == first.handle and evs2[-1][1]["position"] == 7
+    split = np.concatenate([rows_of(evs1), rows_of(evs2)])
+    np.testing.assert_array_equal(split, whole)                        # the sums read the retained pages
+    assert len(first.handle) == 32 and int(first.handle, 16) >= 0
+
+
+def test_stale_unknown_busy_and_limits(service):
+    job, evs = run(service, [1, 2, 3])
+    with pytest.raises(Conflict, match="stale position 2"):
+        service.submit(SequenceAppend([4], 2, job.handle))
+    with pytest.raises(NotFound):
+        service.submit(SequenceAppend([4], 3, "0" * 32))
+    with pytest.raises(InvalidRequest, match="position 17 .*context of 16"):
+        service.submit(SequenceAppend([1] * 14, 3, job.handle))
+    gate = threading.Event()
+    service.executables.programs["consume"].gate = gate
+    busy = SequenceAppend([4, 5], 3, job.handle, outbox=Outbox())
+    service.submit(busy)
+    with pytest.raises(Conflict, match="in use"):
+        service.submit(SequenceAppend([4], 3, job.handle))
+    gate.set()
+    assert events(busy)[-1] == ("done", {"session": job.handle, "position": 5})
+
+
+def test_idle_handles_are_evicted_least_recently_used_first():
+    service = make_service(rows=1, context_length=16, pool_pages=4)   # 16 positions in all
+    try:
+        a, _ = run(service, [1] * 6)        # 2 pages
+        b, _ = run(service, [2] * 6)        # 2 pages: the pool is full
+        run(service, [3], position=6, session=a.handle)   # a is now the most recently used
+        c, _ = run(service, [4] * 5)        # needs 2 pages: evicts b, the least recently used
+        with pytest.raises(NotFound):
+            service.submit(SequenceAppend([5], 6, b.handle))
+        assert service.session_position(a.handle) == 7 and service.session_position(c.handle) == 5
+        assert service.counts()["evictions"] == 1
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_a_slow_reader_sits_out_while_others_continue():
+    service = make_service(rows=2, step_tokens=2, credit=1)
+    try:
+        slow = SequenceAppend([1] * 8, 0, None, outbox=Outbox())
+        service.submit(slow)
+        fast, evs = run(service, [2] * 8)   # read as it goes: finishes though `slow` takes nothing
+        assert evs[-1][0] == "done" and slow.consumed < len(slow.token_ids)
+        assert [k for k, _ in events(slow)][-1] == "done"                  # resumes once read
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_a_cancelled_append_invalidates_its_handle_after_the_step_retires(service):
+    job, _ = run(service, [1, 2])
+    gate = threading.Event()
+    program = service.executables.programs["consume"]
+    program.gate = gate
+    append = SequenceAppend([3] * 8, 2, job.handle, outbox=Outbox())
+    service.submit(append)
+    append.cancel()
+    gate.set()
+    kinds = [k for k, _ in events(append)]
+    assert kinds[-1] == "error"
+    with pytest.raises(NotFound):
+        service.submit(SequenceAppend([4], 2 + append.consumed, job.handle))
+    assert service.counts()["pages_used"] == 0
