@@ -85,9 +85,11 @@ def wait_until(predicate, what: str, timeout: float = 60.0, interval: float = 0.
 
 
 def wait_idle(server: Daemon, timeout: float = 60.0) -> dict[str, Any]:
-    """Wait until scout has no active or pending request and every KV page is free."""
-    return wait_until(lambda: (lambda s: s if s["active"] == 0 and s["pending"] == 0 and s["pages_used"] == 0
-                               else None)(scheduler(server)), "an idle scheduler", timeout)
+    """Wait until scout has no active or pending request and no KV page is held except by
+    retained (finished, reusable) histories."""
+    return wait_until(lambda: (lambda s: s if s["active"] == 0 and s["pending"] == 0
+                               and s["pages_used"] == s["pages_retained"] else None)(scheduler(server)),
+                      "an idle scheduler", timeout)
 
 
 # ---- streaming ---------------------------------------------------------------------------------
