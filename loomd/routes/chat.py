@@ -172,17 +172,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
     reg = text_registration(request, body)
     stream, include_usage, max_tokens = validate_chat(body, reg)
-    if "X-Loom-Checkpoint" in request.headers:
-        raise InvalidRequest("X-Loom-Checkpoint: named checkpoints are not built in this server yet",
-                             param="X-Loom-Checkpoint")
     session = request.headers.get("X-Loom-Session")
     if session is not None:
         check_session_name(session)
+    checkpoint = request.headers.get("X-Loom-Checkpoint")
+    if checkpoint is not None:
+        check_session_name(checkpoint, "X-Loom-Checkpoint")
     prepared = await asyncio.to_thread(reg.policy.prepare, body)
     # A complete response reads only the outcome: its text deltas are not kept, or they would
     # exhaust the row's output credit and pause the generation with nobody to read them.
     gen = Generation(prepared.prompt, max_tokens, prepared.sampling, prepared.stop_ids, prepared.state,
-                     outbox=Outbox(loop=asyncio.get_running_loop(), deltas=stream), session=session)
+                     outbox=Outbox(loop=asyncio.get_running_loop(), deltas=stream), session=session,
+                     checkpoint=checkpoint)
     future = request.app[REGISTRY].submit(reg.name, gen)
     future.add_done_callback(lambda f: _log_outcome(request, gen, stream, f))
     request.app[METRICS].tokens.labels(reg.name, "input").inc(len(gen.prompt))

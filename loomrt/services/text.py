@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from loomrt.detokenize import IncrementalDecoder
-from loomrt.errors import Conflict, InvalidRequest, LoomError, VmError
+from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable, VmError
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
-from loomrt.sessions import HistoryStore
+from loomrt.sessions import Checkpoint, HistoryStore, image_of
 
 STEP_STAGE = "prefill_decode"
 SERVICE_STAGE = STEP_STAGE
@@ -104,9 +104,11 @@ class Generation(Job):
 
     def __init__(self, prompt: list[int], max_tokens: int, sampling: Sampling, stop_ids: list[int] | tuple = (),
                  policy_state: Any = None, *, outbox: Outbox | None = None, kind: str = "chat",
-                 session: str | None = None):
+                 session: str | None = None, checkpoint: str | None = None):
         super().__init__([], kind=kind)
         self.session = session
+        self.checkpoint = checkpoint            # X-Loom-Checkpoint: continue from this endpoint
+        self._from: Any = None                  # the Checkpoint object, resolved at admission
         self.prompt = [int(t) for t in prompt]
         self.max_tokens = max_tokens
         self.sampling = sampling
@@ -146,7 +148,8 @@ class Generation(Job):
 
 class TextService(StageService):
     def __init__(self, *args: Any, tokenizer: Any, control_vm: Any, page_size: int, context_length: int,
-                 prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0, **kwargs: Any):
+                 prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0,
+                 checkpoint_capacity: int = 0, **kwargs: Any):
         self.tokenizer = tokenizer
         self.vm = control_vm
         self.context_length = context_length
@@ -158,6 +161,8 @@ class TextService(StageService):
         self.pages_per_row = self.pool.pages_for(context_length)
         super().__init__(*args, **kwargs)
         self.histories = HistoryStore(self.pool, state, self.max_active or 1, session_cache_capacity)
+        self.checkpoint_capacity = checkpoint_capacity
+        self.checkpoints: dict[str, Checkpoint] = {}
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -171,12 +176,60 @@ class TextService(StageService):
                                  f"context of {self.context_length} tokens per request", param="messages")
         job._wake = self.wake
         job.outbox.wake_worker = self.wake
-        if job.session is not None:
-            with self._cond:
-                if any(j.session == job.session for j in list(self._active) + list(self._pending)):
-                    raise Conflict(f"session {job.session!r} of model '{self.model}' is in use by another request",
-                                   param="X-Loom-Session")
-        return super().submit(job)
+        with self._cond:
+            if job.session is not None and any(j.session == job.session
+                                               for j in list(self._active) + list(self._pending)):
+                raise Conflict(f"session {job.session!r} of model '{self.model}' is in use by another request",
+                               param="X-Loom-Session")
+            if job.checkpoint is not None:
+                point = self.checkpoints.get(job.checkpoint)
+                if point is None:
+                    raise NotFound(f"model '{self.model}' has no checkpoint {job.checkpoint!r}",
+                                   param="X-Loom-Checkpoint")
+                if job.prompt[:len(point.tokens)] != point.tokens or len(job.prompt) <= len(point.tokens):
+                    raise InvalidRequest(f"the request's history does not extend checkpoint {job.checkpoint!r} "
+                                         f"({len(point.tokens)} tokens): send the checkpoint's full history plus "
+                                         "new messages", param="X-Loom-Checkpoint")
+                job._from = point
+            return super().submit(job)
+
+    # ---- named checkpoints ---------------------------------------------------------------------
+
+    def _check_points_enabled(self) -> None:
+        if self.checkpoint_capacity == 0:
+            raise NotFound(f"model '{self.model}' keeps no checkpoints (its checkpoint_capacity is 0)")
+
+    def pin(self, name: str, session: str) -> Checkpoint:
+        """Pin the idle history of `session` as checkpoint `name` (a host image of its KV)."""
+        with self._cond:
+            self._check_points_enabled()
+            if any(j.session == session for j in list(self._active) + list(self._pending)):
+                raise Conflict(f"session {session!r} is busy: pin it once its request finished", param="X-Loom-Session")
+            history = next((h for h in self.histories.histories if h.session == session), None)
+            if history is None:
+                raise NotFound(f"model '{self.model}' has no retained session {session!r}", param="X-Loom-Session")
+            if name in self.checkpoints:
+                raise Conflict(f"checkpoint {name!r} exists already; delete it first")
+            if len(self.checkpoints) >= self.checkpoint_capacity:
+                raise Unavailable(f"model '{self.model}' keeps at most {self.checkpoint_capacity} checkpoints")
+            point = Checkpoint(name, session, list(history.tokens), image_of(history, self.state))
+            self.checkpoints[name] = point
+            return point
+
+    def checkpoint(self, name: str) -> Checkpoint:
+        with self._cond:
+            self._check_points_enabled()
+            point = self.checkpoints.get(name)
+            if point is None:
+                raise NotFound(f"model '{self.model}' has no checkpoint {name!r}")
+            return point
+
+    def unpin(self, name: str) -> None:
+        with self._cond:
+            point = self.checkpoint(name)
+            if any(j._from is point for j in self._pending):
+                raise Conflict(f"checkpoint {name!r} has queued requests continuing from it")
+            del self.checkpoints[name]
 
     def sessions(self) -> list[dict[str, Any]]:
         with self._cond:
@@ -200,6 +253,8 @@ class TextService(StageService):
 
     def _start(self, job: Generation) -> bool:
         """Reserve the job's row and pages, continuing a retained history when one matches."""
+        if job._from is not None:
+            return self._start_from_checkpoint(job, job._from)
         history, reused = self.histories.take(job.prompt, job.session)
         need = self.pool.pages_for(min(len(job.prompt) + job.max_tokens, self.context_length))
         kept = self.pool.pages_for(reused) if reused else 0
@@ -219,6 +274,19 @@ class TextService(StageService):
         if history is not None and not history.in_row and reused:
             self.histories.restore(history, fresh, reused)
         job.pages = own + fresh
+        job.kv = job.cached_tokens = reused
+        job.decoder = IncrementalDecoder(self.tokenizer)
+        return True
+
+    def _start_from_checkpoint(self, job: Generation, point: Checkpoint) -> bool:
+        """Fork (another session) or rewind (the same session): fresh pages get a copy of the
+        checkpoint's KV; the destination's old history is replaced only when this finishes."""
+        need = self.pool.pages_for(min(len(job.prompt) + job.max_tokens, self.context_length))
+        if not self.histories.make_room(len(self._active), need):
+            return False
+        job.pages = self.pool.reserve_pages(need)
+        reused = len(point.tokens)
+        self.histories.restore(point, job.pages, reused)
         job.kv = job.cached_tokens = reused
         job.decoder = IncrementalDecoder(self.tokenizer)
         return True
@@ -399,7 +467,8 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
                        tokenizer=reg.tokenizer, control_vm=reg.policy.vm,
                        page_size=config_constant(reg.executables.checked, PAGE_SIZE_CONFIG),
                        context_length=reg.document.context_length,
-                       session_cache_capacity=reg.document.session_cache_capacity, **common)
+                       session_cache_capacity=reg.document.session_cache_capacity,
+                       checkpoint_capacity=reg.document.checkpoint_capacity, **common)
 
 
 __all__ = ["Generation", "Outbox", "Sampling", "TextService", "create_policy", "create_service"]

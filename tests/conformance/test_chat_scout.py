@@ -205,7 +205,8 @@ def test_discovery_reports_the_text_capabilities(scout):
 def test_bad_session_names_and_checkpoints_are_400(scout):
     for name in ("", "a b", "x" * 65, "é", "a/b"):
         error_of(chat(scout, body("Hi", 1), **{"X-Loom-Session": name}), 400)
-    error_of(chat(scout, body("Hi", 1), **{"X-Loom-Checkpoint": "abc"}), 400)
+    error_of(chat(scout, body("Hi", 1), **{"X-Loom-Checkpoint": "a b"}), 400)
+    error_of(chat(scout, body("Hi", 1), **{"X-Loom-Checkpoint": "abc"}), 404)   # no such checkpoint
 
 
 def test_unknown_model_is_404(scout):

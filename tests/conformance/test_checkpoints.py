@@ -1,0 +1,96 @@
+"""Named checkpoints over HTTP (spec: "Named checkpoints"): pin, suspend, delete, and chats that
+fork or rewind from a checkpoint, judged against a fresh replay on a twin deployment."""
+
+from __future__ import annotations
+
+import pytest
+
+from scout_daemon import chat, scout_document, start_scout
+
+FIRST = [{"role": "user", "content": "Remember the number seven."}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("checkpoints")
+    twin = scout_document(tmp, "twin", rows=2, context_length=512, max_output_tokens=16)
+    daemon = start_scout(tmp, twin, rows=2, context_length=512, max_output_tokens=16, checkpoint_capacity=2)
+    try:
+        for model in ("scout", "twin"):  # a deployment's first step loads its kernels: slow once
+            assert chat(daemon, {"model": model, "messages": FIRST, "max_tokens": 1}, timeout=300).status == 200
+        yield daemon
+    finally:
+        assert daemon.stop() == 0
+
+
+def ask(server, model, messages, **headers):
+    r = chat(server, {"model": model, "messages": messages, "temperature": 0, "max_tokens": 16}, timeout=180,
+             **headers)
+    return r
+
+
+def control(server, method, path, **headers):
+    return server.request(method, path, None, {"X-Loom-Model": "scout", **headers})
+
+
+def test_pin_fork_rewind_suspend_delete(server):
+    r = ask(server, "scout", FIRST, **{"X-Loom-Session": "a"})
+    assert r.status == 200
+    answer, usage = r.json()["choices"][0]["message"]["content"], r.json()["usage"]
+    pinned = control(server, "POST", "/v1/checkpoints/cp1", **{"X-Loom-Session": "a"})
+    assert pinned.status == 201, pinned.body
+    position = pinned.json()["position"]
+    assert position >= usage["prompt_tokens"] + usage["completion_tokens"] - 1
+
+    follow = FIRST + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Which number?"}]
+    fresh = ask(server, "twin", follow).json()["choices"][0]["message"]["content"]
+    # fork into another session
+    forked = ask(server, "scout", follow, **{"X-Loom-Checkpoint": "cp1", "X-Loom-Session": "b"})
+    assert forked.status == 200, forked.body
+    assert forked.json()["choices"][0]["message"]["content"] == fresh
+    assert forked.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == position
+    # session a advances elsewhere, then rewinds to the checkpoint
+    other = FIRST + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Say hello."}]
+    assert ask(server, "scout", other, **{"X-Loom-Session": "a"}).status == 200
+    rewound = ask(server, "scout", follow, **{"X-Loom-Checkpoint": "cp1", "X-Loom-Session": "a"})
+    assert rewound.status == 200 and rewound.json()["choices"][0]["message"]["content"] == fresh
+
+    suspended = control(server, "POST", "/v1/checkpoints/cp1/suspend")
+    assert suspended.status == 200 and suspended.json()["host_snapshot_bytes"] > 0
+    assert control(server, "POST", "/v1/checkpoints/cp1", **{"X-Loom-Session": "a"}).status == 409  # duplicate
+    assert control(server, "DELETE", "/v1/checkpoints/cp1").status == 200
+    assert control(server, "DELETE", "/v1/checkpoints/cp1").status == 404
+    assert control(server, "POST", "/v1/checkpoints/cp1/suspend").status == 404
+
+
+def test_history_mismatch_is_400_and_unknown_checkpoint_404(server):
+    assert ask(server, "scout", FIRST, **{"X-Loom-Session": "m"}).status == 200
+    assert control(server, "POST", "/v1/checkpoints/cpm", **{"X-Loom-Session": "m"}).status == 201
+    other = [{"role": "user", "content": "Something else entirely."}]
+    assert ask(server, "scout", other, **{"X-Loom-Checkpoint": "cpm"}).status == 400
+    assert ask(server, "scout", other, **{"X-Loom-Checkpoint": "nope"}).status == 404
+    assert control(server, "DELETE", "/v1/checkpoints/cpm").status == 200
+
+
+def test_pin_errors(server):
+    assert control(server, "POST", "/v1/checkpoints/x").status == 400                       # no session
+    assert control(server, "POST", "/v1/checkpoints/x", **{"X-Loom-Session": "ghost"}).status == 404
+    assert control(server, "POST", "/v1/checkpoints/bad%20name", **{"X-Loom-Session": "a"}).status == 400
+    assert server.request("POST", "/v1/checkpoints/x", None, {"X-Loom-Session": "a"}).status == 400  # no model
+    assert server.request("POST", "/v1/checkpoints/x", None, {"X-Loom-Model": "nobody"}).status == 404
+    assert server.request("POST", "/v1/checkpoints/x", None,
+                          {"X-Loom-Model": "twin", "X-Loom-Session": "a"}).status == 404        # capacity 0
+    assert server.request("POST", "/v1/checkpoints/x", "{}", {"X-Loom-Model": "scout"}).status == 400  # body
+
+
+def test_capacity_exhausted_is_503(server):
+    """checkpoint_capacity 2. (Each session is pinned right after its turn: with 2 rows and no
+    session cache, a third session's turn would push the first one's history out.)"""
+    for name, session in (("k1", "c1"), ("k2", "c2")):
+        assert ask(server, "scout", FIRST, **{"X-Loom-Session": session}).status == 200
+        assert control(server, "POST", f"/v1/checkpoints/{name}", **{"X-Loom-Session": session}).status == 201
+    assert ask(server, "scout", FIRST, **{"X-Loom-Session": "c3"}).status == 200
+    full = control(server, "POST", "/v1/checkpoints/k3", **{"X-Loom-Session": "c3"})
+    assert full.status == 503, full.body
+    for name in ("k1", "k2"):
+        assert control(server, "DELETE", f"/v1/checkpoints/{name}").status == 200
