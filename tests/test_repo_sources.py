@@ -42,3 +42,13 @@ def test_loomc_check_samples_scout_exits_zero():
 
     result = CliRunner().invoke(main, ["check", str(REPO / "samples" / "scout")])
     assert result.exit_code == 0, result.output
+
+
+def test_test_module_basenames_are_unique(repo):
+    """pytest imports test modules by basename (prepend mode, no packages): two files with the
+    same name in different folders make collection fail, so every name is unique."""
+    seen: dict[str, list[str]] = {}
+    for path in (repo / "tests").rglob("*.py"):
+        if path.name != "conftest.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(repo)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
