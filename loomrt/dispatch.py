@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from functools import partial
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 

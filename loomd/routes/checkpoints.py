@@ -8,8 +8,6 @@ chats continue from a checkpoint with `X-Loom-Checkpoint` (routes/chat.py).
 
 from __future__ import annotations
 
-import re
-
 from aiohttp import web
 
 from loomd.app import REGISTRY
@@ -18,13 +16,8 @@ from loomd.errors import json_response
 from loomrt.errors import InvalidRequest, NotFound
 from loomrt.sessions import check_session_name
 
-NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-
-
 def _target(request: web.Request):
-    name = request.match_info["name"]
-    if not NAME.match(name):
-        raise InvalidRequest(f"checkpoint names are 1-64 ASCII letters, digits, '_', '.' or '-', got {name!r}")
+    name = check_session_name(request.match_info["name"], "checkpoint name")
     registry = request.app[REGISTRY]
     model = request.headers.get("X-Loom-Model")
     if model is None:

@@ -10,6 +10,7 @@ servers accept (`prompt`, `add_special_tokens`, ...) are unknown fields here, so
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from aiohttp import web
@@ -41,13 +42,20 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
+@functools.lru_cache(maxsize=16)
+def _literal(tokenizer: Any) -> Any:
+    """A copy of `tokenizer` that reads special-token text as ordinary text (built once per
+    tokenizer, not per request)."""
+    plain = tokenizer.__class__.from_str(tokenizer.to_str())
+    plain.encode_special_tokens = True
+    return plain
+
+
 def _encode(tokenizer: Any, text: str, add_special: bool, parse_special: bool) -> list[int]:
     try:
         if parse_special:
             return tokenizer.encode(text, add_special_tokens=add_special).ids
-        plain = tokenizer.__class__.from_str(tokenizer.to_str())
-        plain.encode_special_tokens = True  # special-token text is ordinary text here
-        return plain.encode(text, add_special_tokens=add_special).ids
+        return _literal(tokenizer).encode(text, add_special_tokens=add_special).ids
     except Exception as exc:
         raise LoomError(f"the tokenizer failed: {exc}") from None
 

@@ -231,18 +231,23 @@ class StageService:
             self._stopped.set_result(None)
 
     def _pass(self, jobs: list[Job]) -> None:
+        """One pass with the params held: load them (first use), run, release, account scratch."""
         try:
             params = self.residency.acquire(self.component)
         except LoomError as exc:
             self._fail_all(jobs, exc)
             return
         try:
-            for job in jobs:
-                self._step(job, params)
+            self._run_pass(jobs, params)
         finally:
             self.residency.release(self.component)
             scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
             self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
+
+    def _run_pass(self, jobs: list[Job], params: dict[str, Any]) -> None:
+        """The work of one pass; modality services batch their jobs into one stage call here."""
+        for job in jobs:
+            self._step(job, params)
 
     def _step(self, job: Job, params: dict[str, Any]) -> None:
         step = job.steps[job.done_steps]

@@ -294,19 +294,6 @@ class DecisionService(StageService):
         else:
             job.future.set_exception(error)
 
-    def _pass(self, jobs: list[Job]) -> None:
-        try:
-            params = self.residency.acquire(self.component)
-        except LoomError as exc:
-            self._fail_all(jobs, exc)
-            return
-        try:
-            self._cohort(jobs, params)
-        finally:
-            self.residency.release(self.component)
-            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
-            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
-
     def _plan(self, jobs: list[Decision]) -> list[tuple[Decision, int, list[int]]]:
         """(request, row index, pages) of the rows in this pass: whole prompts, oldest request
         first, while the token budget and the free pages last (the first row always fits)."""
@@ -326,7 +313,7 @@ class DecisionService(StageService):
                     tokens += n
         return plan
 
-    def _cohort(self, jobs: list[Decision], params: dict[str, Any]) -> None:
+    def _run_pass(self, jobs: list[Decision], params: dict[str, Any]) -> None:
         plan = self._plan([j for j in jobs if j.cancelled is None])
         if not plan:
             return

@@ -152,19 +152,6 @@ class EmbeddingService(StageService):
 
     # ---- one cohort --------------------------------------------------------------------------
 
-    def _pass(self, jobs: list[Job]) -> None:
-        try:
-            params = self.residency.acquire(self.component)
-        except LoomError as exc:
-            self._fail_all(jobs, exc)
-            return
-        try:
-            self._cohort(jobs, params)
-        finally:
-            self.residency.release(self.component)
-            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
-            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
-
     def _plan(self, jobs: list[EmbeddingJob]) -> list[tuple[EmbeddingJob, int]]:
         """(job, input index) of this cohort: round-robin over the jobs, one input at a time, so
         a large batch does not hold back the requests behind it; at most `cohort_tokens` tokens,
@@ -186,7 +173,7 @@ class EmbeddingService(StageService):
             open_jobs = still
         return plan
 
-    def _cohort(self, jobs: list[EmbeddingJob], params: dict[str, Any]) -> None:
+    def _run_pass(self, jobs: list[EmbeddingJob], params: dict[str, Any]) -> None:
         plan = self._plan(jobs)
         if not plan:
             return

@@ -264,19 +264,6 @@ class SequenceService(StageService):
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def _pass(self, jobs: list[Job]) -> None:
-        try:
-            params = self.residency.acquire(self.component)
-        except LoomError as exc:
-            self._fail_all(jobs, exc)
-            return
-        try:
-            self._step_rows(jobs, params)
-        finally:
-            self.residency.release(self.component)
-            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
-            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
-
     def _plan(self, jobs: list[SequenceAppend]) -> list[tuple[SequenceAppend, int]]:
         """(append, ids it feeds) per row of this step. The step's token budget is shared
         fairly: each runnable append gets an equal share (at least one id while the budget
@@ -301,7 +288,7 @@ class SequenceService(StageService):
                 budget -= extra
         return [(jobs[i], take[i]) for i in sorted(take)]
 
-    def _step_rows(self, jobs: list[SequenceAppend], params: dict[str, Any]) -> None:
+    def _run_pass(self, jobs: list[SequenceAppend], params: dict[str, Any]) -> None:
         plan = self._plan(jobs)
         if not plan:
             return

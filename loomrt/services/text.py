@@ -316,19 +316,6 @@ class TextService(StageService):
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def _pass(self, jobs: list[Job]) -> None:
-        try:
-            params = self.residency.acquire(self.component)
-        except LoomError as exc:
-            self._fail_all(jobs, exc)
-            return
-        try:
-            self._step_rows(jobs, params)
-        finally:
-            self.residency.release(self.component)
-            scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
-            self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
-
     def _plan(self, jobs: list[Generation]) -> list[tuple[Generation, list[int], int, bool]]:
         """(generation, tokens to feed, first position, whether to sample) per row of this step."""
         plan = []
@@ -343,7 +330,7 @@ class TextService(StageService):
                 plan.append((g, g.prompt[g.kv:g.kv + n], g.kv, g.kv + n == len(g.prompt)))
         return plan
 
-    def _step_rows(self, jobs: list[Generation], params: dict[str, Any]) -> None:
+    def _run_pass(self, jobs: list[Generation], params: dict[str, Any]) -> None:
         plan = self._plan(jobs)
         if not plan:
             return
