@@ -121,9 +121,13 @@ class Registry:
 
     # ---- observation -----------------------------------------------------------------------
 
-    def _event(self, reg: Registration, event: str, **fields: Any) -> None:
-        record = {"time": time.time(), "event": event, "model": reg.name, "phase": reg.phase, **fields}
+    def _event(self, reg: Registration, event: str, phase: str | None = None, **fields: Any) -> None:
+        """Record an event; with `phase`, the phase changes in the same critical section, so a
+        waiter that sees the new phase also sees its event."""
         with self._changed:
+            if phase is not None:
+                reg.phase = phase
+            record = {"time": time.time(), "event": event, "model": reg.name, "phase": reg.phase, **fields}
             self.events.append(record)
             self._changed.notify_all()
         for listener in list(self.listeners):
@@ -133,9 +137,7 @@ class Registry:
                 pass
 
     def _set_phase(self, reg: Registration, phase: str, **fields: Any) -> None:
-        with self._lock:
-            reg.phase = phase
-        self._event(reg, phase, **fields)
+        self._event(reg, phase, phase=phase, **fields)
 
     def get(self, name: Any) -> Registration:
         with self._lock:
