@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class History:
     order: int
     last_used: int = 0
     snapshot: dict[str, np.ndarray] | None = field(default=None, repr=False)  # host copy of the pages
+    pending: int | None = None                # the sampled token not yet written (the next to feed)
 
     @property
     def in_row(self) -> bool:
@@ -104,11 +105,12 @@ class HistoryStore:
 
     # ---- keeping ------------------------------------------------------------------------------
 
-    def keep(self, tokens: list[int], pages: list[int], session: str | None) -> None:
+    def keep(self, tokens: list[int], pages: list[int], session: str | None, pending: int | None = None) -> None:
         """Retain a finished row's history. A named session replaces its older history."""
         for old in [h for h in self.histories if session is not None and h.session == session]:
             self._drop(old)
-        self.histories.append(History(tokens, pages, session, next(self._orders), next(self._clock)))
+        self.histories.append(History(tokens, pages, session, next(self._orders), next(self._clock),
+                                      pending=pending))
 
     def _drop(self, h: History) -> None:
         self.histories.remove(h)
@@ -132,10 +134,14 @@ class HistoryStore:
             self._drop(victim)
         return True
 
-    def make_room(self, active_rows: int, pages: int) -> bool:
-        """Yield idle histories until a new row and `pages` pages are available."""
-        while active_rows + self.rows_held >= self.rows or self.pool.free < pages:
+    def make_room(self, active_rows: int, pages: int, reclaim: Callable[[], bool] = lambda: False) -> bool:
+        """Yield idle histories until a new row is free, and `pages` pages: for pages, `reclaim`
+        (the prefix cache: shared prefixes are the cheaper loss) goes before idle histories."""
+        while active_rows + self.rows_held >= self.rows:
             if not self._yield_one():
+                return False
+        while self.pool.free < pages:
+            if not reclaim() and not self._yield_one():
                 return False
         return True
 
@@ -160,6 +166,7 @@ class Checkpoint:
     session: str
     tokens: list[int]
     image: dict[str, np.ndarray] = field(repr=False)
+    pending: int | None = None    # the exact pending token published with the pin (text only)
 
     @property
     def host_bytes(self) -> int:

@@ -28,6 +28,7 @@ from loomrt.detokenize import IncrementalDecoder
 from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable, VmError
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
+from loomrt.prefixes import PrefixCache
 from loomrt.sessions import Checkpoint, HistoryStore, image_of
 
 STEP_STAGE = "prefill_decode"
@@ -125,6 +126,8 @@ class Generation(Job):
         self.finish_reason: str | None = None
         self.tool_calls: list[dict[str, Any]] | None = None
         self.cached_tokens = 0
+        self._ancestor: Any = None              # the prefix-cache entry this generation started from
+        self._own_prefix: Any = None            # the entry holding this generation's latest boundary
         self._wake = lambda: None
 
     @property
@@ -149,7 +152,7 @@ class Generation(Job):
 class TextService(StageService):
     def __init__(self, *args: Any, tokenizer: Any, control_vm: Any, page_size: int, context_length: int,
                  prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0,
-                 checkpoint_capacity: int = 0, **kwargs: Any):
+                 checkpoint_capacity: int = 0, prefix_cache_capacity: int = 0, **kwargs: Any):
         self.tokenizer = tokenizer
         self.vm = control_vm
         self.context_length = context_length
@@ -161,6 +164,7 @@ class TextService(StageService):
         self.pages_per_row = self.pool.pages_for(context_length)
         super().__init__(*args, **kwargs)
         self.histories = HistoryStore(self.pool, state, self.max_active or 1, session_cache_capacity)
+        self.prefixes = PrefixCache(self.pool, state, prefix_cache_capacity, stride=max(prefill_chunk, 1))
         self.checkpoint_capacity = checkpoint_capacity
         self.checkpoints: dict[str, Checkpoint] = {}
 
@@ -212,7 +216,8 @@ class TextService(StageService):
                 raise Conflict(f"checkpoint {name!r} exists already; delete it first")
             if len(self.checkpoints) >= self.checkpoint_capacity:
                 raise Unavailable(f"model '{self.model}' keeps at most {self.checkpoint_capacity} checkpoints")
-            point = Checkpoint(name, session, list(history.tokens), image_of(history, self.state))
+            point = Checkpoint(name, session, list(history.tokens), image_of(history, self.state),
+                               pending=history.pending)
             self.checkpoints[name] = point
             return point
 
@@ -248,22 +253,32 @@ class TextService(StageService):
             out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0,
                        retained=len(self.histories.histories),
                        pages_retained=sum(len(h.pages) for h in self.histories.histories),
-                       snapshot_bytes=self.histories.snapshot_bytes())
+                       snapshot_bytes=self.histories.snapshot_bytes(),
+                       prefixes=len(self.prefixes.entries), pages_prefixes=self.prefixes.pages_held)
         return out
 
     def _start(self, job: Generation) -> bool:
-        """Reserve the job's row and pages, continuing a retained history when one matches."""
+        """Reserve the job's row and pages, continuing the retained history or cached prefix
+        that shares the most tokens with the prompt."""
         if job._from is not None:
             return self._start_from_checkpoint(job, job._from)
+        prefix, from_prefix = self.prefixes.match(job.prompt)
         history, reused = self.histories.take(job.prompt, job.session)
+        if from_prefix > reused:      # the history stays retained as it is
+            if history is not None:
+                self.histories.histories.append(history)
+            history, reused = None, from_prefix
+        else:
+            prefix = None
         need = self.pool.pages_for(min(len(job.prompt) + job.max_tokens, self.context_length))
-        kept = self.pool.pages_for(reused) if reused else 0
+        kept = self.pool.pages_for(reused) if reused and history is not None else 0
         own: list[int] = []
         if history is not None and history.in_row:
             own = history.pages[:kept]
             self.pool.release(history.pages[kept:])
             history.pages = []
-        if not self.histories.make_room(len(self._active), need - len(own)):
+        if not self.histories.make_room(len(self._active), need - len(own),
+                                        reclaim=lambda: self.prefixes.reclaim_one(keep=prefix)):
             if history is not None:   # wait for rows or pages; what was matched stays retained
                 if history.in_row:
                     self.histories.keep(history.tokens[:reused], own, history.session)
@@ -271,12 +286,23 @@ class TextService(StageService):
                     self.histories.histories.append(history)
             return False
         fresh = self.pool.reserve_pages(need - len(own))
-        if history is not None and not history.in_row and reused:
+        if prefix is not None:
+            self.prefixes.copy_into(prefix, fresh, reused)
+            job._ancestor = prefix
+        elif history is not None and not history.in_row and reused:
             self.histories.restore(history, fresh, reused)
         job.pages = own + fresh
         job.kv = job.cached_tokens = reused
         job.decoder = IncrementalDecoder(self.tokenizer)
         return True
+
+    def _offer_prefix(self, g: Generation) -> None:
+        """After a prefill chunk: keep the state at a natural boundary, or at the prompt's end."""
+        at_end = g.kv == len(g.prompt)
+        natural = g.kv % self.prefixes.stride == 0
+        if natural or at_end:
+            g._own_prefix = self.prefixes.offer(g.prompt[:g.kv], g.pages, natural=natural,
+                                                ancestor=g._ancestor, own=g._own_prefix)
 
     def _start_from_checkpoint(self, job: Generation, point: Checkpoint) -> bool:
         """Fork (another session) or rewind (the same session): fresh pages get a copy of the
@@ -296,7 +322,9 @@ class TextService(StageService):
         if job.finish_reason is not None and job.cancelled is None:
             held = self.pool.pages_for(job.kv)
             self.pool.release(job.pages[held:])
-            self.histories.keep((job.prompt + job.generated)[:job.kv], job.pages[:held], job.session)
+            written = job.prompt + job.generated
+            self.histories.keep(written[:job.kv], job.pages[:held], job.session,
+                                pending=written[job.kv] if len(written) > job.kv else None)
         else:
             self.pool.release(job.pages)
         job.pages = []
@@ -326,6 +354,8 @@ class TextService(StageService):
         for g in jobs:
             if not g.prefilled and budget > 0:
                 n = min(len(g.prompt) - g.kv, budget)
+                if self.prefixes.enabled:   # end chunks at natural boundaries, whose state is kept
+                    n = min(n, self.prefixes.stride - g.kv % self.prefixes.stride)
                 budget -= n
                 plan.append((g, g.prompt[g.kv:g.kv + n], g.kv, g.kv + n == len(g.prompt)))
         return plan
@@ -361,7 +391,10 @@ class TextService(StageService):
             return
         self.steps_run += 1
         for r, (g, feed, _, sample) in enumerate(plan):
+            prefilling = not g.prefilled
             g.kv += len(feed)
+            if prefilling and self.prefixes.enabled:
+                self._offer_prefix(g)
             if sample:
                 self._advance(g, int(out["next"][r]))
 
@@ -455,7 +488,8 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
                        page_size=config_constant(reg.executables.checked, PAGE_SIZE_CONFIG),
                        context_length=reg.document.context_length,
                        session_cache_capacity=reg.document.session_cache_capacity,
-                       checkpoint_capacity=reg.document.checkpoint_capacity, **common)
+                       checkpoint_capacity=reg.document.checkpoint_capacity,
+                       prefix_cache_capacity=reg.document.prefix_cache_capacity, **common)
 
 
 __all__ = ["Generation", "Outbox", "Sampling", "TextService", "create_policy", "create_service"]

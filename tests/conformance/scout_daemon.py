@@ -31,7 +31,7 @@ IO_TIMEOUT_S = 60.0
 def scout_document(directory: Path, name: str = "scout", *, rows: int = 4, context_length: int = 512,
                    max_output_tokens: int = 64, pool_capacity: int | None = None,
                    pending_capacity: int | None = None, session_cache_capacity: int | None = None,
-                   checkpoint_capacity: int | None = None) -> Path:
+                   checkpoint_capacity: int | None = None, prefix_cache_capacity: int | None = None) -> Path:
     doc: dict[str, Any] = {
         "model": name, "kind": "text",
         "control": str(SCOUT / "control.loom"), "prepare": str(SCOUT / "prepare.loom"),
@@ -47,6 +47,8 @@ def scout_document(directory: Path, name: str = "scout", *, rows: int = 4, conte
         doc["session_cache_capacity"] = session_cache_capacity
     if checkpoint_capacity is not None:
         doc["checkpoint_capacity"] = checkpoint_capacity
+    if prefix_cache_capacity is not None:
+        doc["prefix_cache_capacity"] = prefix_cache_capacity
     path = directory / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1))
     return path

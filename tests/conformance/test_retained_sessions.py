@@ -1,5 +1,6 @@
 """Retained conversations over HTTP (spec: "Retained conversations"): automatic reuse of an idle
-row's history, named sessions (`X-Loom-Session`), `cached_tokens`, and `/v1/sessions`.
+row's history, named sessions (`X-Loom-Session`), the prefix cache (`prefix_cache_capacity`),
+`cached_tokens`, and `/v1/sessions`.
 
 Correctness is always judged against a fresh replay: the same request sent to a twin
 deployment of the same weights that holds no history gives the same greedy text, so reuse
@@ -22,10 +23,12 @@ def server(tmp_path_factory):
     twin = scout_document(tmp, "twin", rows=2, context_length=512, max_output_tokens=24)
     other = scout_document(tmp, "other", rows=2, context_length=512, max_output_tokens=24,
                            session_cache_capacity=2)
-    daemon = start_scout(tmp, twin, other, rows=2, context_length=512, max_output_tokens=24,
+    prefixed = scout_document(tmp, "prefixed", rows=1, context_length=1024, max_output_tokens=24,
+                              pool_capacity=4096, prefix_cache_capacity=3072)
+    daemon = start_scout(tmp, twin, other, prefixed, rows=2, context_length=512, max_output_tokens=24,
                          session_cache_capacity=2)
     try:
-        for model in ("scout", "twin", "other"):  # a deployment's first step loads its kernels: slow once
+        for model in ("scout", "twin", "other", "prefixed"):  # a deployment's first step loads its kernels: slow once
             r = chat(daemon, {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
                      timeout=300)
             assert r.status == 200, r.body
@@ -134,4 +137,40 @@ def test_session_cache_keeps_named_histories_beyond_the_rows(server):
     text, usage2 = ask(server, "other", second, **{"X-Loom-Session": "keep"})
     assert usage2["prompt_tokens_details"]["cached_tokens"] >= \
         usage1["prompt_tokens"] + usage1["completion_tokens"] - 1
+    assert text == fresh(server, second)[0]
+
+
+# ---- the prefix cache ---------------------------------------------------------------------------
+
+RULES = {"role": "system", "content": " ".join(f"Rule {i}: answer politely, briefly and in English." for i in range(30))}
+
+
+def take_the_row(server, model):
+    """`prefixed` has one row: another conversation takes it, so what it held is no longer a history."""
+    ask(server, model, [{"role": "user", "content": "Say 7."}])
+
+
+def test_prefix_cache_keeps_a_shared_prefix_after_its_row_moved_on(server):
+    first = [RULES, {"role": "user", "content": "Name a colour."}]
+    _, usage1 = ask(server, "prefixed", first)
+    assert usage1["prompt_tokens"] > 256, usage1   # crosses the first natural boundary (256)
+    take_the_row(server, "prefixed")
+    second = [RULES, {"role": "user", "content": "Name an animal."}]
+    text, usage2 = ask(server, "prefixed", second)
+    cached = usage2["prompt_tokens_details"]["cached_tokens"]
+    assert 256 <= cached < usage2["prompt_tokens"], usage2
+    assert text == fresh(server, second)[0]
+    counts = scheduler(server, "prefixed")
+    assert counts["prefixes"] >= 1 and counts["pages_prefixes"] > 0
+
+
+def test_prompt_end_boundary_survives_a_changed_later_message(server):
+    """The later boundary at the prompt's end: the next turn edits the answer (as a client that
+    drops generated reasoning does), and still reuses the whole previous prompt."""
+    first = [RULES, {"role": "user", "content": "What is two plus two?"}]
+    answer, usage1 = ask(server, "prefixed", first)
+    take_the_row(server, "prefixed")
+    second = first + [{"role": "assistant", "content": "Four."}, {"role": "user", "content": "And three plus three?"}]
+    text, usage2 = ask(server, "prefixed", second)
+    assert usage2["prompt_tokens_details"]["cached_tokens"] == usage1["prompt_tokens"], (usage1, usage2)
     assert text == fresh(server, second)[0]
