@@ -659,21 +659,22 @@ class Registry:
         return sorted(out, key=lambda r: r["id"])
 
     def sessions(self, model: str | None = None) -> list[dict[str, Any]]:
-        """Retained sessions of the deployments whose services keep them. Naming a deployment
-        without a retained-text service is `NotImplementedFeature` (501)."""
+        """Retained sessions of the deployments whose services keep them (named text histories,
+        sequence handles), ordered by `order`, the key `/v1/sessions` pages by. Naming a
+        deployment whose service retains no sessions is `NotImplementedFeature` (501)."""
         regs = [self.get(model)] if model is not None else self.registrations()
         out: list[dict[str, Any]] = []
         for reg in regs:
             found = reg.service.sessions() if reg.service is not None else None
             if found is None:
                 if model is not None:
-                    raise NotImplementedFeature(f"model '{model}' has no retained-text service, so no sessions",
-                                                param="model")
+                    raise NotImplementedFeature(f"model '{model}' retains no sessions (neither text histories "
+                                                "nor sequence handles)", param="model")
                 continue
             out += found
         for order, item in enumerate(out, 1):
             item.setdefault("order", order)
-        return out
+        return sorted(out, key=lambda item: item["order"])
 
     def close(self, mode: str = "drain", timeout: float | None = None) -> None:
         """Remove every registration and stop the workers. Under `drain`, accepted work gets

@@ -30,6 +30,9 @@ from loomrt.kv import PagePool
 
 SESSION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
+# `/v1/sessions` pages by `order` across every deployment: one process-wide counter keeps it unique.
+ORDERS = itertools.count(1)
+
 
 def check_session_name(name: str, header: str = "X-Loom-Session") -> str:
     if not SESSION_NAME.match(name):
@@ -71,7 +74,6 @@ class HistoryStore:
         self.session_cache_capacity = session_cache_capacity
         self.histories: list[History] = []
         self._clock = itertools.count(1)
-        self._orders = itertools.count(1)
 
     # ---- queries ------------------------------------------------------------------------------
 
@@ -109,7 +111,7 @@ class HistoryStore:
         """Retain a finished row's history. A named session replaces its older history."""
         for old in [h for h in self.histories if session is not None and h.session == session]:
             self._drop(old)
-        self.histories.append(History(tokens, pages, session, next(self._orders), next(self._clock),
+        self.histories.append(History(tokens, pages, session, next(ORDERS), next(self._clock),
                                       pending=pending))
 
     def _drop(self, h: History) -> None:
@@ -169,6 +171,10 @@ class Checkpoint:
     pending: int | None = None    # the exact pending token published with the pin (text only)
 
     @property
+    def position(self) -> int:
+        return len(self.tokens)
+
+    @property
     def host_bytes(self) -> int:
         return sum(a.nbytes for a in self.image.values())
 
@@ -180,4 +186,4 @@ def image_of(history: History, state: dict[str, np.ndarray]) -> dict[str, np.nda
     return {name: array[history.pages].copy() for name, array in state.items()}
 
 
-__all__ = ["Checkpoint", "History", "HistoryStore", "check_session_name", "common_prefix", "image_of"]
+__all__ = ["ORDERS", "Checkpoint", "History", "HistoryStore", "check_session_name", "common_prefix", "image_of"]

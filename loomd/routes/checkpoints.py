@@ -3,10 +3,15 @@
 Control requests have an empty body and select the deployment with `X-Loom-Model` (omissible
 only when exactly one deployment is registered). A pin is kept as a host image of the
 session's KV pages (elastic backing), so `/suspend` always succeeds and reports its size;
-chats continue from a checkpoint with `X-Loom-Checkpoint` (routes/chat.py).
+chats continue from a checkpoint with `X-Loom-Checkpoint` (routes/chat.py), and so do forks
+of known-token sequences (routes/sequences.py), whose handle is the `X-Loom-Session` to pin.
+The route is the same for every kind: the deployment's service owns `pin`, `checkpoint`
+and `unpin` and raises the contract's errors.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from aiohttp import web
 
@@ -15,6 +20,9 @@ from loomd.bodies import empty_body
 from loomd.errors import json_response
 from loomrt.errors import InvalidRequest, NotFound
 from loomrt.sessions import check_session_name
+
+ADMISSION_POLL_S = 1.0   # how often a pin waiting for admission checks that its client is still there
+
 
 def _target(request: web.Request):
     name = check_session_name(request.match_info["name"], "checkpoint name")
@@ -32,6 +40,19 @@ def _target(request: web.Request):
     return name, reg
 
 
+async def _admission_open(request: web.Request, reg) -> None:
+    """Pinning and suspension wait for inference admission to reopen (spec), for as long as
+    the client waits; a registration removed meanwhile is gone (404)."""
+    registry = request.app[REGISTRY]
+    while reg.admission != "open" and reg.removing is None:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise asyncio.CancelledError()
+        await registry.until(lambda: reg.admission == "open" or reg.removing is not None, ADMISSION_POLL_S)
+    if reg.removing is not None:
+        raise NotFound(f"model '{reg.name}' is being removed", param="X-Loom-Model")
+
+
 async def pin(request: web.Request) -> web.StreamResponse:
     name, reg = _target(request)
     await empty_body(request)
@@ -39,16 +60,20 @@ async def pin(request: web.Request) -> web.StreamResponse:
     if session is None:
         raise InvalidRequest("pinning needs X-Loom-Session: the session whose history becomes the checkpoint",
                              param="X-Loom-Session")
-    point = reg.service.pin(name, check_session_name(session))
+    session = check_session_name(session)
+    await _admission_open(request, reg)
+    point = reg.service.pin(name, session)
     return json_response({"object": "checkpoint", "name": name, "model": reg.name, "session": point.session,
-                          "position": len(point.tokens)}, 201)
+                          "position": point.position, "pending_token": point.pending}, 201)
 
 
 async def suspend(request: web.Request) -> web.StreamResponse:
     name, reg = _target(request)
     await empty_body(request)
+    reg.service.checkpoint(name)          # 404 at once for an unknown name, before waiting
+    await _admission_open(request, reg)
     point = reg.service.checkpoint(name)
-    return json_response({"object": "checkpoint", "name": name, "model": reg.name, "position": len(point.tokens),
+    return json_response({"object": "checkpoint", "name": name, "model": reg.name, "position": point.position,
                           "host_snapshot_bytes": point.host_bytes})
 
 

@@ -7,7 +7,12 @@ validates (`sequence_request`). Everything else (unknown, duplicate or wrongly t
 fields, an `X-Loom-Session` header: identity is the body's `session`) is a 400 before
 admission; an unknown model or one that is not a sequence deployment is 404. Admission
 errors (unknown handle 404, busy handle or stale position 409, context/pool 400, a full
-queue 503) are JSON errors. Once admitted the response is SSE:
+queue 503) are JSON errors.
+
+`X-Loom-Checkpoint: NAME` (a pin made with `POST /v1/checkpoints/NAME`, routes/checkpoints.py)
+forks: `session` omitted, `position` the checkpoint's consumed position; the response's
+handle is new and starts as a copy of the checkpoint. With `session` it is 400; an unknown
+checkpoint 404; any other position 409 (stale). Once admitted the response is SSE:
 
     event: attached   {"session", "position"}
     event: chunk      {"session", "position", "next_position", "token_ids", "encoding": "base64", "data"}
@@ -34,6 +39,7 @@ from loomd.errors import error_body
 from loomrt.errors import InvalidRequest, LoomError, NotFound
 from loomrt.fields import expect_integer, expect_object, expect_string, fail, reject_unknown
 from loomrt.registry import Registration
+from loomrt.sessions import check_session_name
 from loomrt.services.sequence import INT32_MAX, STEP_STAGE, SequenceAppend, SequencePolicy
 from loomrt.services.text import Outbox
 
@@ -45,8 +51,10 @@ def _event(name: str, payload: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: ".encode() + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
-def validate_sequence(body: dict[str, Any]) -> tuple[str, str | None, int, list[int], dict[str, Any]]:
-    """(model, session, position, token_ids, options) after the host-owned checks."""
+def validate_sequence(body: dict[str, Any], checkpoint: str | None = None
+                      ) -> tuple[str, str | None, int, list[int], dict[str, Any]]:
+    """(model, session, position, token_ids, options) after the host-owned checks. A fork
+    (`checkpoint` named) starts at the checkpoint's position, which the service checks."""
     reject_unknown(body, SEQUENCE_FIELDS)
     for key in ("model", "position", "token_ids"):
         if key not in body:
@@ -66,7 +74,10 @@ def validate_sequence(body: dict[str, Any]) -> tuple[str, str | None, int, list[
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT32_MAX:
             raise fail(f"token_ids[{i}]", f"expected a nonnegative int32, got {json.dumps(t)}")
-    if session is None and position != 0:
+    if checkpoint is not None and session is not None:
+        raise InvalidRequest("X-Loom-Checkpoint forks into a new handle: omit the body's 'session'",
+                             param="X-Loom-Checkpoint")
+    if session is None and checkpoint is None and position != 0:
         raise fail("position", f"an initial request (no session) starts at position 0, got {position}")
     options = expect_object("options", body["options"]) if "options" in body else {}
     return model, session, position, ids, options
@@ -89,9 +100,10 @@ async def sequences(request: web.Request) -> web.StreamResponse:
     if "X-Loom-Session" in request.headers:
         raise InvalidRequest("X-Loom-Session is not accepted on /v1/sequences: the handle is the body's "
                              "'session' field", param="X-Loom-Session")
-    if "X-Loom-Checkpoint" in request.headers:
-        raise InvalidRequest("X-Loom-Checkpoint is not supported by this server yet", param="X-Loom-Checkpoint")
-    model, session, position, ids, options = validate_sequence(body)
+    checkpoint = request.headers.get("X-Loom-Checkpoint")
+    if checkpoint is not None:
+        check_session_name(checkpoint, "X-Loom-Checkpoint")
+    model, session, position, ids, options = validate_sequence(body, checkpoint)
     reg = sequence_registration(request, model)
     prepared = await asyncio.to_thread(reg.policy.prepare, options)
     if prepared.token_limit is not None:
@@ -100,7 +112,7 @@ async def sequences(request: web.Request) -> web.StreamResponse:
                 raise InvalidRequest(f"token_ids[{i}]: {t} is not a token id of model '{reg.name}' "
                                      f"(ids are below {prepared.token_limit})", param=f"token_ids[{i}]")
     job = SequenceAppend(ids, position, session, prepared.options,
-                         outbox=Outbox(loop=asyncio.get_running_loop()))
+                         outbox=Outbox(loop=asyncio.get_running_loop()), checkpoint=checkpoint)
     future = request.app[REGISTRY].submit(reg.name, job)
     future.add_done_callback(lambda f: _log_outcome(request, job, f))
     request.app[METRICS].tokens.labels(reg.name, "input").inc(len(ids))
@@ -137,6 +149,8 @@ def _log_outcome(request: web.Request, job: SequenceAppend, future) -> None:
               "session": job.handle, "position": job.position, "tokens": len(job.token_ids),
               "consumed": job.consumed, "chunks": job.chunks,
               "duration_ms": round(1000 * (time.time() - job.created), 1)}
+    if job.checkpoint is not None:
+        record["checkpoint"] = job.checkpoint
     if error is not None:
         record["error"] = {"code": getattr(error, "code", "internal_error"), "message": str(error)}
     request.app[JOURNAL].publish(record)

@@ -27,6 +27,11 @@ stage's opaque per-token bytes. It selects nothing and never advances past those
 * **Admission.** Context and pool limits are checked when the request is submitted:
   `position + len(ids)` above `context_length`, or more pages than the whole pool, is
   `InvalidRequest` (400) with the numbers; an append that fits later waits in the queue.
+* **Named checkpoints.** `pin` copies an idle handle's pages into a host image
+  (`SequenceCheckpoint`, elastic backing: `checkpoint` is also the suspension); an initial
+  request naming a checkpoint forks it: a new handle whose fresh pages get a copy of the
+  image when it starts, then the ids are appended. The image is never written, so the
+  source handle advancing, being evicted, or the pin being deleted never changes a fork.
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound
+from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
 from loomrt.services.text import Outbox
+from loomrt.sessions import ORDERS
 
 STEP_STAGE = "consume"
 SERVICE_STAGE = STEP_STAGE  # a sequence program without it is native-only (loomrt.services.serving_module)
@@ -63,17 +69,38 @@ class Session:
     busy: "SequenceAppend | None" = None    # the accepted append that owns the handle now
     last_used: float = field(default_factory=time.monotonic)
     dropped: bool = False
+    order: int = field(default_factory=lambda: next(ORDERS))
+
+
+@dataclass
+class SequenceCheckpoint:
+    """A named, immutable endpoint of a handle: its consumed position and a host image of the
+    pages holding it, taken when it was pinned. Forks copy the image into fresh pages, so no
+    handle can change it and deleting it never invalidates a fork. Sequences have no pending
+    prediction: the position is the whole endpoint."""
+
+    name: str
+    session: str
+    position: int
+    image: dict[str, np.ndarray] = field(repr=False)
+    pending: None = None    # no pending prediction (the pin response says so with null)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.image.values())
 
 
 class SequenceAppend(Job):
     """One request: known ids appended to a handle (a new one when `session` is None)."""
 
     def __init__(self, token_ids: list[int], position: int, session: str | None = None, options: Any = None, *,
-                 outbox: Outbox | None = None, kind: str = "sequence"):
+                 outbox: Outbox | None = None, kind: str = "sequence", checkpoint: str | None = None):
         super().__init__([], kind=kind)
         self.token_ids = [int(t) for t in token_ids]
         self.position = position              # the completed position the request names
         self.requested_session = session
+        self.checkpoint = checkpoint          # X-Loom-Checkpoint: fork this endpoint into a new handle
+        self._from: SequenceCheckpoint | None = None  # resolved at admission; None once copied
         self.options = options
         self.outbox = outbox or Outbox()
         self.session: Session | None = None   # set at admission
@@ -106,7 +133,8 @@ class SequenceAppend(Job):
 
 class SequenceService(StageService):
     def __init__(self, *args: Any, page_size: int, context_length: int, step_tokens: int = STEP_TOKENS,
-                 credit: int = CREDIT, pages: int | None = None, **kwargs: Any):
+                 credit: int = CREDIT, pages: int | None = None, checkpoint_capacity: int = 0,
+                 paged_states: list[str] | None = None, **kwargs: Any):
         self.context_length = context_length
         self.step_tokens = max(1, int(step_tokens))
         self.credit = credit
@@ -117,6 +145,12 @@ class SequenceService(StageService):
         self.pages_per_row = self.pool.pages_for(context_length)
         self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()  # LRU first
         self.evictions = 0
+        self.checkpoint_capacity = checkpoint_capacity
+        self.checkpoints: dict[str, SequenceCheckpoint] = {}
+        state = kwargs["state"] if "state" in kwargs else args[4]
+        # The states a handle's pages index (a checkpoint images only these).
+        self._paged = list(paged_states) if paged_states is not None else \
+            [name for name, a in state.items() if a.shape[:1] == (pages,)]
         super().__init__(*args, **kwargs)
 
     # ---- admission ---------------------------------------------------------------------------
@@ -139,7 +173,17 @@ class SequenceService(StageService):
         job.outbox.wake_worker = self.wake
         job.outbox.credit = self.credit
         with self._cond:
-            if job.requested_session is None:
+            if job.requested_session is not None and job.checkpoint is not None:
+                raise InvalidRequest("X-Loom-Checkpoint forks into a new handle: omit 'session'",
+                                     param="X-Loom-Checkpoint")
+            if job.checkpoint is not None:
+                point = self._point(job.checkpoint, param="X-Loom-Checkpoint")
+                if job.position != point.position:
+                    raise Conflict(f"stale position {job.position}: checkpoint {point.name!r} is at position "
+                                   f"{point.position}", param="position")
+                job._from = point
+                session = Session(secrets.token_hex(16))
+            elif job.requested_session is None:
                 if job.position != 0:
                     raise InvalidRequest(f"position: an initial request (no session) starts at 0, got "
                                          f"{job.position}", param="position")
@@ -162,6 +206,7 @@ class SequenceService(StageService):
             except LoomError:
                 session.busy = None
                 job.session = None
+                job._from = None
                 raise
             if job.requested_session is None:
                 self._sessions[session.handle] = session
@@ -173,8 +218,65 @@ class SequenceService(StageService):
         out = super().counts()
         with self._cond:
             out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0,
-                       sessions=len(self._sessions), evictions=self.evictions)
+                       sessions=len(self._sessions), evictions=self.evictions, checkpoints=len(self.checkpoints),
+                       snapshot_bytes=sum(p.host_bytes for p in self.checkpoints.values()))
         return out
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """The retained handles for `/v1/sessions`, in the shape text sessions have. An idle
+        handle's pages stay in the KV pool (`residency` "pool"); one with an append accepted
+        (running or queued) is "active" and busy."""
+        with self._cond:
+            return [{"object": "session", "session": s.handle, "model": self.model, "position": s.position,
+                     "residency": "pool" if s.busy is None else "active", "busy": s.busy is not None,
+                     "order": s.order} for s in sorted(self._sessions.values(), key=lambda s: s.order)]
+
+    # ---- named checkpoints (the same contract as TextService's) -----------------------------------
+
+    def _point(self, name: str, param: str | None = None) -> SequenceCheckpoint:
+        """The checkpoint `name` (under the lock); 404 when absent or the deployment keeps none."""
+        if self.checkpoint_capacity == 0:
+            raise NotFound(f"model '{self.model}' keeps no checkpoints (its checkpoint_capacity is 0)", param=param)
+        point = self.checkpoints.get(name)
+        if point is None:
+            raise NotFound(f"model '{self.model}' has no checkpoint {name!r}", param=param)
+        return point
+
+    def pin(self, name: str, session: str) -> SequenceCheckpoint:
+        """Pin the idle handle `session` at its completed position as checkpoint `name` (a host
+        image of its pages, so the handle may advance or be evicted afterwards)."""
+        with self._cond:
+            if self.checkpoint_capacity == 0:
+                raise NotFound(f"model '{self.model}' keeps no checkpoints (its checkpoint_capacity is 0)")
+            handle = self._sessions.get(session)
+            if handle is None:
+                raise NotFound(f"model '{self.model}' has no sequence handle {session!r} (never issued, evicted "
+                               "or invalidated)", param="X-Loom-Session")
+            if handle.busy is not None:
+                raise Conflict(f"sequence handle {session!r} is busy: pin it once its append finished",
+                               param="X-Loom-Session")
+            if name in self.checkpoints:
+                raise Conflict(f"checkpoint {name!r} exists already; delete it first")
+            if len(self.checkpoints) >= self.checkpoint_capacity:
+                raise Unavailable(f"model '{self.model}' keeps at most {self.checkpoint_capacity} checkpoints")
+            held = handle.pages[:self.pool.pages_for(handle.position)]
+            image = {k: self.state[k][held].copy() for k in self._paged}
+            point = SequenceCheckpoint(name, session, handle.position, image)
+            self.checkpoints[name] = point
+            return point
+
+    def checkpoint(self, name: str) -> SequenceCheckpoint:
+        """The checkpoint `name`; pins are host images already, so this is also `/suspend`."""
+        with self._cond:
+            return self._point(name)
+
+    def unpin(self, name: str) -> None:
+        """Delete a pin. Forks already started own copies; queued forks still need the image (409)."""
+        with self._cond:
+            point = self._point(name)
+            if any(getattr(j, "_from", None) is point for j in self._pending):
+                raise Conflict(f"checkpoint {name!r} has queued requests forking from it")
+            del self.checkpoints[name]
 
     def session_position(self, handle: str) -> int | None:
         """The completed position of a retained handle, or None (for tests and inspection)."""
@@ -228,6 +330,11 @@ class SequenceService(StageService):
                     return False
             got = self.pool.reserve(need * self.pool.page_size)
             session.pages += got
+        if job._from is not None:  # a fork: its fresh pages start as a copy of the checkpoint's image
+            point, job._from = job._from, None
+            n = self.pool.pages_for(point.position)
+            for name, image in point.image.items():
+                self.state[name][session.pages[:n]] = image[:n]
         return True
 
     def _released(self, job: SequenceAppend) -> None:
@@ -398,12 +505,13 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
         step_tokens = STEP_TOKENS
     return SequenceService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                            page_size=page_size, context_length=reg.document.context_length,
-                           step_tokens=step_tokens, pages=state[paged[0]].shape[0], **common)
+                           step_tokens=step_tokens, pages=state[paged[0]].shape[0],
+                           checkpoint_capacity=reg.document.checkpoint_capacity, paged_states=paged, **common)
 
 
 def _paged_states(program: Any) -> list[str]:
     return [name for name, spec in program.plan.states.items() if spec.dims[0].bare_symbol == "<pages>"]
 
 
-__all__ = ["SERVICE_STAGE", "STEP_STAGE", "STEP_TOKENS", "SequenceAppend", "SequencePolicy", "SequenceRequest",
-           "SequenceService", "Session", "create_policy", "create_service"]
+__all__ = ["SERVICE_STAGE", "STEP_STAGE", "STEP_TOKENS", "SequenceAppend", "SequenceCheckpoint", "SequencePolicy",
+           "SequenceRequest", "SequenceService", "Session", "create_policy", "create_service"]

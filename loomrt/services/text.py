@@ -29,7 +29,7 @@ from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavail
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
 from loomrt.prefixes import PrefixCache
-from loomrt.sessions import Checkpoint, HistoryStore, image_of
+from loomrt.sessions import ORDERS, Checkpoint, HistoryStore, image_of
 
 STEP_STAGE = "prefill_decode"
 SERVICE_STAGE = STEP_STAGE
@@ -126,6 +126,7 @@ class Generation(Job):
         self.finish_reason: str | None = None
         self.tool_calls: list[dict[str, Any]] | None = None
         self.cached_tokens = 0
+        self.order = next(ORDERS) if session is not None else 0   # its place in /v1/sessions while busy
         self._ancestor: Any = None              # the prefix-cache entry this generation started from
         self._own_prefix: Any = None            # the entry holding this generation's latest boundary
         self._wake = lambda: None
@@ -239,12 +240,15 @@ class TextService(StageService):
     def sessions(self) -> list[dict[str, Any]]:
         with self._cond:
             listing = self.histories.listing()
-            busy = {j.session for j in list(self._active) + list(self._pending) if j.session is not None}
+            busy_jobs = [j for j in list(self._active) + list(self._pending) if j.session is not None]
+        busy = {j.session for j in busy_jobs}
         for item in listing:
             item.update(object="session", model=self.model, busy=item["session"] in busy)
-        for name in sorted(busy - {i["session"] for i in listing}):
-            listing.append({"object": "session", "session": name, "model": self.model, "position": None,
-                            "residency": "active", "busy": True, "order": 0})
+        listed = {i["session"] for i in listing}
+        for job in busy_jobs:
+            if job.session not in listed:
+                listing.append({"object": "session", "session": job.session, "model": self.model, "position": None,
+                                "residency": "active", "busy": True, "order": job.order})
         return listing
 
     def counts(self) -> dict[str, int]:

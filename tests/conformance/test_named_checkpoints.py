@@ -3,6 +3,9 @@ fork or rewind from a checkpoint, judged against a fresh replay on a twin deploy
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from scout_daemon import chat, scout_document, start_scout
@@ -41,6 +44,11 @@ def test_pin_fork_rewind_suspend_delete(server):
     assert pinned.status == 201, pinned.body
     position = pinned.json()["position"]
     assert position >= usage["prompt_tokens"] + usage["completion_tokens"] - 1
+    # the exact pending token: sampled last, never fed (scout's end of turn when it stopped)
+    pending = pinned.json()["pending_token"]
+    assert isinstance(pending, int)
+    if r.json()["choices"][0]["finish_reason"] == "stop":
+        assert pending == 2
 
     follow = FIRST + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Which number?"}]
     fresh = ask(server, "twin", follow).json()["choices"][0]["message"]["content"]
@@ -94,3 +102,25 @@ def test_capacity_exhausted_is_503(server):
     assert full.status == 503, full.body
     for name in ("k1", "k2"):
         assert control(server, "DELETE", f"/v1/checkpoints/{name}").status == 200
+
+
+def test_pin_and_suspend_wait_for_admission_to_reopen_and_delete_does_not(server):
+    assert ask(server, "scout", FIRST, **{"X-Loom-Session": "w"}).status == 200
+    assert control(server, "POST", "/v1/checkpoints/kw0", **{"X-Loom-Session": "w"}).status == 201
+    admin = {"Content-Type": "application/json"}
+    assert server.request("POST", "/v1/models/drain", '{"model":"scout"}', admin).status == 200
+    results = {}
+    try:
+        def pin():
+            results["pin"] = control(server, "POST", "/v1/checkpoints/kw1", **{"X-Loom-Session": "w"})
+
+        waiter = threading.Thread(target=pin)
+        waiter.start()
+        assert control(server, "DELETE", "/v1/checkpoints/kw0").status == 200   # deletion is not held
+        time.sleep(1.0)
+        assert waiter.is_alive() and "pin" not in results   # still waiting while drained
+    finally:
+        assert server.request("POST", "/v1/models/undrain", '{"model":"scout"}', admin).status == 200
+    waiter.join(60)
+    assert results["pin"].status == 201, results["pin"].body
+    assert control(server, "DELETE", "/v1/checkpoints/kw1").status == 200

@@ -29,9 +29,6 @@ little-endian [tokens, 576]. They are checked three ways:
 
 from __future__ import annotations
 
-import base64
-import json
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -39,12 +36,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conformance_support import wait_ready, write_document
-from loomd_process import REPO, Daemon
-from scout_daemon import GGUF, IO_TIMEOUT_S, READY_DEADLINE_S, SCOUT, wait_until
+from conformance_support import ENCODER_DIM as DIM
+from conformance_support import SequenceStream as Stream
+from conformance_support import checked_sequence as checked
+from conformance_support import encoder_document as sequence_document
+from conformance_support import sequence, wait_ready, write_document
+from loomd_process import Daemon
+from scout_daemon import GGUF, IO_TIMEOUT_S, READY_DEADLINE_S, wait_until
 
-ENCODER = REPO / "samples" / "encoder"
-DIM = 576
 STEP = 16
 CONTEXT = 256
 # "The quick brown fox jumps over the lazy dog. Known tokens go in, hidden states come out,
@@ -56,13 +55,7 @@ RELATIVE_BOUND = 1e-4  # of max |reference|; see test_hidden_states_match_transf
 
 
 def encoder_document(directory: Path) -> Path:
-    doc = {"model": "encoder", "kind": "sequence", "control": str(ENCODER / "control.loom"),
-           "prepare": str(SCOUT / "prepare.loom"), "sources": [str(ENCODER / "encoder.loom")],
-           "checkpoint": GGUF, "rows": 2, "context_length": CONTEXT, "pool_capacity": 2 * CONTEXT,
-           "config": {"step_tokens": STEP}}
-    path = directory / "encoder.json"
-    path.write_text(json.dumps(doc, indent=1))
-    return path
+    return sequence_document(directory, rows=2, context_length=CONTEXT, step_tokens=STEP)
 
 
 @pytest.fixture(scope="module")
@@ -94,123 +87,6 @@ def reference() -> np.ndarray:
     with torch.inference_mode():
         out = model(torch.tensor([IDS]), output_hidden_states=True)
     return out.hidden_states[-1][0].numpy().copy()
-
-
-# ---- SSE over a socket ---------------------------------------------------------------------------
-
-def _request_bytes(body: Any, headers: dict[str, str] | None = None) -> bytes:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    head = ["POST /v1/sequences HTTP/1.1", "Host: loom", "Connection: close", "Content-Type: application/json",
-            f"Content-Length: {len(data)}"] + [f"{k}: {v}" for k, v in (headers or {}).items()]
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + data
-
-
-class Stream:
-    """One /v1/sequences response read event by event (HTTP/1.1 chunked SSE, or a JSON error)."""
-
-    def __init__(self, server: Daemon, body: Any, headers: dict[str, str] | None = None):
-        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=IO_TIMEOUT_S)
-        self.sock.sendall(_request_bytes(body, headers))
-        self.buf = b""
-        self.text = b""
-        while b"\r\n\r\n" not in self.buf:
-            self._recv()
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        self.status = int(status_line.split()[1])
-        self.headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines)}
-
-    def _recv(self) -> None:
-        data = self.sock.recv(65536)
-        if not data:
-            raise ConnectionError("the server closed the connection")
-        self.buf += data
-
-    def _more(self) -> bool:
-        if self.headers.get("transfer-encoding", "").lower() != "chunked":
-            try:
-                if not self.buf:
-                    self._recv()
-            except ConnectionError:
-                return False
-            self.text, self.buf = self.text + self.buf, b""
-            return True
-        while b"\r\n" not in self.buf:
-            self._recv()
-        size_line, _, rest = self.buf.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        self.buf = rest
-        while len(self.buf) < size + 2:
-            self._recv()
-        self.text, self.buf = self.text + self.buf[:size], self.buf[size + 2:]
-        return size != 0
-
-    def body(self) -> bytes:
-        while self._more():
-            pass
-        return self.text
-
-    def event(self) -> tuple[str, dict[str, Any]] | None:
-        while b"\n\n" not in self.text:
-            if not self._more():
-                assert not self.text.strip(), self.text
-                return None
-            continue
-        raw, _, self.text = self.text.partition(b"\n\n")
-        fields = dict(line.split(": ", 1) for line in raw.decode().split("\n"))
-        assert set(fields) == {"event", "data"}, raw
-        return fields["event"], json.loads(fields["data"])
-
-    def events(self) -> list[tuple[str, dict[str, Any]]]:
-        out = []
-        while (e := self.event()) is not None:
-            out.append(e)
-        return out
-
-    def close(self, reset: bool = False) -> None:
-        if reset:  # an abortive close: the server's next write fails at once
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-        self.sock.close()
-
-
-def sequence(server: Daemon, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """(200, events) for a stream read to its end, or (status, error JSON)."""
-    s = Stream(server, body, headers)
-    try:
-        if s.status != 200:
-            return s.status, json.loads(s.body())
-        assert s.headers["content-type"].startswith("text/event-stream")
-        return 200, s.events()
-    finally:
-        s.close()
-
-
-def checked(events: list[tuple[str, dict[str, Any]]], ids: list[int], position: int = 0,
-            session: str | None = None) -> tuple[str, np.ndarray, list[int]]:
-    """Check one complete stream's framing; (handle, hidden states [len(ids), 576], chunk sizes)."""
-    kinds = [k for k, _ in events]
-    assert kinds[0] == "attached" and kinds[-1] == "done" and set(kinds[1:-1]) == {"chunk"}, kinds
-    handle = events[0][1]["session"]
-    assert events[0][1] == {"session": handle, "position": position}
-    assert len(handle) == 32 and all(c in "0123456789abcdef" for c in handle)
-    if session is not None:
-        assert handle == session
-    at, got, rows, sizes = position, [], [], []
-    for _, chunk in events[1:-1]:
-        assert set(chunk) == {"session", "position", "next_position", "token_ids", "encoding", "data"}
-        assert chunk["session"] == handle and chunk["encoding"] == "base64"
-        assert chunk["position"] == at and chunk["next_position"] == at + len(chunk["token_ids"]) > at
-        data = base64.b64decode(chunk["data"], validate=True)
-        assert len(data) == 4 * DIM * len(chunk["token_ids"])
-        rows.append(np.frombuffer(data, "<f4").reshape(len(chunk["token_ids"]), DIM))
-        got += chunk["token_ids"]
-        sizes.append(len(chunk["token_ids"]))
-        at = chunk["next_position"]
-    assert got == ids
-    assert events[-1][1] == {"session": handle, "position": position + len(ids)}
-    hidden = np.concatenate(rows)
-    assert np.isfinite(hidden).all()
-    return handle, hidden, sizes
 
 
 def error_of(status_body: tuple[int, Any], status: int, *words: str) -> None:

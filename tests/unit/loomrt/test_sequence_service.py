@@ -10,13 +10,12 @@ from its handle's retained pages gets a different sum. Everything runs on the re
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 
 import numpy as np
 import pytest
 
 from loomrt.devices import Devices
-from loomrt.errors import Conflict, InvalidRequest, NotFound
+from loomrt.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from loomrt.residency import Component, Residency
 from loomrt.services.sequence import SequenceAppend, SequenceService
 from loomrt.services.text import Outbox
@@ -167,3 +166,96 @@ def test_a_cancelled_append_invalidates_its_handle_after_the_step_retires(servic
     with pytest.raises(NotFound):
         service.submit(SequenceAppend([4], 2 + append.consumed, job.handle))
     assert service.counts()["pages_used"] == 0
+
+
+# ---- named checkpoints: pin, fork, delete, listing --------------------------------------------
+
+def test_a_fork_continues_from_the_pinned_image_not_the_advanced_handle():
+    service = make_service(pool_pages=8)
+    service.checkpoint_capacity = 2
+    try:
+        ids = [5, 6, 7, 8, 9, 10, 11]
+        _, whole = run(service, ids)
+        first, _ = run(service, ids[:3])
+        point = service.pin("cp", first.handle)
+        assert (point.name, point.session, point.position) == ("cp", first.handle, 3)
+        assert point.host_bytes == 4 * PAGE_SIZE * 1         # one page of the fake's f32 cache
+        run(service, [1, 1, 1], position=3, session=first.handle)   # the source advances elsewhere
+        fork = SequenceAppend(ids[3:], 3, None, outbox=Outbox(), checkpoint="cp")
+        service.submit(fork)
+        evs = events(fork)
+        assert fork.handle not in (None, first.handle) and evs[-1][1] == {"session": fork.handle, "position": 7}
+        np.testing.assert_array_equal(rows_of(evs), rows_of(whole)[3:])   # read the image, not [1, 1, 1]
+        service.unpin("cp")
+        run(service, [12], position=7, session=fork.handle)     # the fork outlives the pin
+        assert service.session_position(fork.handle) == 8
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_checkpoint_errors():
+    service = make_service()
+    try:
+        job, _ = run(service, [1, 2, 3])
+        with pytest.raises(NotFound, match="checkpoint_capacity is 0"):
+            service.pin("cp", job.handle)
+        service.checkpoint_capacity = 1
+        with pytest.raises(NotFound):
+            service.pin("cp", "0" * 32)
+        service.pin("cp", job.handle)
+        with pytest.raises(Conflict, match="exists already"):
+            service.pin("cp", job.handle)
+        with pytest.raises(Unavailable):
+            service.pin("cp2", job.handle)
+        with pytest.raises(Conflict, match="stale position 2"):
+            service.submit(SequenceAppend([4], 2, None, checkpoint="cp"))
+        with pytest.raises(NotFound, match="no checkpoint 'nope'"):
+            service.submit(SequenceAppend([4], 3, None, checkpoint="nope"))
+        with pytest.raises(InvalidRequest):
+            service.submit(SequenceAppend([4], 3, job.handle, checkpoint="cp"))
+        gate = threading.Event()
+        service.executables.programs["consume"].gate = gate
+        busy = SequenceAppend([4], 3, job.handle, outbox=Outbox())
+        service.submit(busy)
+        with pytest.raises(Conflict, match="busy"):
+            service.pin("cp2", job.handle)
+        gate.set()
+        events(busy)
+        service.unpin("cp")
+        with pytest.raises(NotFound):
+            service.unpin("cp")
+        with pytest.raises(NotFound):
+            service.checkpoint("cp")
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_a_queued_fork_blocks_deleting_its_checkpoint():
+    service = make_service(rows=1)
+    service.checkpoint_capacity = 1
+    try:
+        job, _ = run(service, [1, 2])
+        service.pin("cp", job.handle)
+        gate = threading.Event()
+        service.executables.programs["consume"].gate = gate
+        running = SequenceAppend([3] * 8, 0, None, outbox=Outbox())
+        service.submit(running)                    # holds the only row
+        fork = SequenceAppend([4], 2, None, outbox=Outbox(), checkpoint="cp")
+        service.submit(fork)
+        with pytest.raises(Conflict, match="queued"):
+            service.unpin("cp")
+        gate.set()
+        assert events(fork)[-1] == ("done", {"session": fork.handle, "position": 3})
+        service.unpin("cp")
+        events(running)
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_sessions_lists_handles_by_order(service):
+    a, _ = run(service, [1, 2])
+    b, _ = run(service, [3])
+    listing = service.sessions()
+    assert [(s["session"], s["position"], s["residency"], s["busy"], s["model"], s["object"]) for s in listing] == [
+        (a.handle, 2, "pool", False, "seq", "session"), (b.handle, 1, "pool", False, "seq", "session")]
+    assert listing[0]["order"] < listing[1]["order"]
