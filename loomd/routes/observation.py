@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
@@ -13,23 +12,20 @@ from aiohttp import web
 from loomd.app import JOURNAL, METRICS, REGISTRY, SETTINGS
 from loomd.errors import json_response
 from loomd.metrics import CONTENT_TYPE
+from loomd.params import is_decimal, one_decimal
 from loomrt.errors import InvalidRequest
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
 KEEPALIVE_S = 15.0
 WAIT_SLICE_S = 1.0
-_DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,17})$")
 
 
 def _query_int(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
     values = request.query.getall(name, [])
     if not values:
         return default
-    if len(values) > 1 or not _DECIMAL.match(values[0]) or not lo <= int(values[0]) <= hi:
-        raise InvalidRequest(f"query parameter {name!r} must be one integer in {lo}..{hi}, got {values!r}",
-                             param=name)
-    return int(values[0])
+    return one_decimal(values, f"query parameter {name!r}", lo, hi, param=name)
 
 
 def _no_unknown_query(request: web.Request, known: tuple[str, ...]) -> None:
@@ -70,7 +66,7 @@ async def logz_stream(request: web.Request) -> web.StreamResponse:
     journal = request.app[JOURNAL]
     last = request.headers.get("Last-Event-ID")
     if last is not None:
-        if not _DECIMAL.match(last.strip()):
+        if not is_decimal(last.strip()):
             raise InvalidRequest(f"Last-Event-ID must be a decimal event id, got {last!r}")
         cursor = int(last.strip())
         _not_ahead(journal, cursor, "Last-Event-ID")

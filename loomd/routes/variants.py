@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import re
 
 from aiohttp import web
 
 from loomd.app import REGISTRY
 from loomd.bodies import empty_body, json_body, json_or_package
 from loomd.errors import json_response
+from loomd.params import one_decimal
 from loomrt.errors import InvalidRequest
 from loomrt.fields import expect_string, fields_of
-
-_DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,17})$")
-
 
 def _header_int(request: web.Request, name: str) -> int | None:
     values = request.headers.getall(name, [])
     if not values:
         return None
-    if len(values) > 1 or not _DECIMAL.match(values[0]):
-        raise InvalidRequest(f"{name} must be one non-negative decimal integer, got {', '.join(values)!r}")
-    return int(values[0])
+    return one_decimal(values, name)
 
 
 def _variant_id(body: dict, key: str) -> int:
