@@ -41,7 +41,7 @@ _VARIANTS = ("text", "sequence", "embedding", "decision", "image")
 _TOP: dict[str, tuple[str, ...]] = {
     "model": _ALL, "kind": _ALL, "control": _ALL, "prepare": _ALL, "sources": _ALL, "tokenizer": _ALL,
     "checkpoint": _ALL, "assets": _ALL, "base_directory": _ALL, "admission": _ALL, "device": _ALL,
-    "config": _ALL, "rows": _ROWS, "context_length": _ROWS, "limits": ("text",), "pool_capacity": _ROWS,
+    "config": _ALL, "rows": _ROWS, "context_length": _ROWS, "limits": ("text",), "pool_capacity": (*_ROWS, "decision"),
     "pending_capacity": _ALL, "variant_capacity": _VARIANTS, "checkpoint_capacity": _ROWS,
     "session_cache_capacity": ("text",), "prefix_cache_capacity": ("text",), "components": ("text",),
     "loras": ("image",), "voices": ("speech",), "width": ("image",), "height": ("image",),
@@ -297,6 +297,8 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
                                           DEFAULT_CHECKPOINT_CAPACITY)
     if kind in _ROWS:
         _rows_fields(doc, kind, out)
+    elif "pool_capacity" in doc:   # a decision deployment's KV pool (its passes have no rows)
+        out["pool_capacity"] = _integer("pool_capacity", doc["pool_capacity"], 1, MAX_POOL_CAPACITY)
     if kind == "text":
         out["session_cache_capacity"] = capacity("session_cache_capacity", MAX_SESSION_CACHE_CAPACITY, 0)
         out["prefix_cache_capacity"] = capacity("prefix_cache_capacity", out["pool_capacity"], 0)

@@ -23,6 +23,9 @@ from loomrt.launch import allocate
 PAGE_SIZE_CONFIG = "page_size"
 
 
+DEFAULT_POOL_POSITIONS = 8192   # KV positions of a deployment whose document sizes no pool (decision)
+
+
 def config_constant(checked: Any, name: str) -> Any | None:
     """The folded value of `config NAME`: as the control program sees it, else as declared in
     any module of the program (a config module the control program does not import), or None."""
@@ -47,7 +50,7 @@ def host_sizes(executables: Any, doc: ModelDocument) -> dict[str, int]:
         if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
             raise CompileError(f"model '{doc.model}' keeps `per page` state, so its control program must declare "
                                f"`config {PAGE_SIZE_CONFIG}: i64` (positions per page), a positive integer")
-        sizes["<pages>"] = math.ceil((doc.pool_capacity or doc.context_length or page_size) / page_size)
+        sizes["<pages>"] = math.ceil((doc.pool_capacity or DEFAULT_POOL_POSITIONS) / page_size)
     return sizes
 
 

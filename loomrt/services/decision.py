@@ -17,7 +17,6 @@ the deployment's `PagePool` and return to it after the pass.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +38,6 @@ QUESTION_FIELDS = {"choice": ("type", "instructions", "criteria"), "score": ("ty
                    "noul": ("type", "instructions")}
 SUM_TOLERANCE = 1e-4
 PASS_TOKENS = 1024              # tokens packed into one `decide` call (a longer single prompt runs alone)
-DEFAULT_POOL_POSITIONS = 8192   # KV positions of a deployment whose document sizes no pool
 DEFAULT_ACTIVE = 16             # requests whose questions may share a pass
 
 
@@ -414,35 +412,10 @@ def create_policy(reg: Any, executables: Any, tokenizer: Any) -> DecisionPolicy:
     return DecisionPolicy(Vm(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
-def _pooled_state(reg: Any, component: Any, residency: Any, state: dict, page_size: int) -> dict:
-    """`per page` state with at least DEFAULT_POOL_POSITIONS positions. A decision document has
-    no `pool_capacity`, so the generic allocation gives a pooled state a single page; the
-    arrays are reallocated here and the device ledger is corrected."""
-    from loomrt.launch import allocate
-
-    want = math.ceil((reg.document.pool_capacity or DEFAULT_POOL_POSITIONS) / page_size)
-    if not state or next(iter(state.values())).shape[0] >= want:
-        return state
-    pooled = {}
-    for program in reg.executables.programs.values():
-        for name, spec in program.plan.states.items():
-            if name not in pooled:
-                if spec.dims[0].bare_symbol == "<pages>":
-                    pooled[name] = allocate(spec.dtype, [want] + [int(d.constant) for d in spec.dims[1:]])
-                else:
-                    pooled[name] = state[name]
-    state.clear()
-    state.update(pooled)
-    reg.state_bytes = sum(int(a.nbytes) for a in state.values())
-    residency.devices.set(component.device.key, f"{reg.name}/primary", "state", reg.state_bytes)
-    return state
-
-
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> DecisionService:
     from loomrt.state import PAGE_SIZE_CONFIG, config_constant
 
     page_size = config_constant(reg.executables.checked, PAGE_SIZE_CONFIG) or 1
-    state = _pooled_state(reg, component, residency, state, page_size)
     common["max_active"] = common.get("max_active") or DEFAULT_ACTIVE
     return DecisionService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                            page_size=page_size, **common)

@@ -157,6 +157,9 @@ def test_field_errors(fields, message):
     ("text", {"width": 512}, "width: not used by kind 'text' (used by image)"),
     ("image", {"voices": {}}, "voices: not used by kind 'image' (used by speech)"),
     ("decision", {"components": {}}, "components: not used by kind 'decision' (used by text)"),
+    ("decision", {"pool_capacity": 0}, "pool_capacity: 0 is out of range 1..16777216"),
+    ("embedding", {"pool_capacity": 64}, "pool_capacity: not used by kind 'embedding' (used by text, sequence, "
+                                         "decision)"),
 ])
 def test_kind_field_errors(kind, fields, message):
     assert error({**KIND_BASE, "kind": kind, **fields}).message == message
@@ -357,3 +360,9 @@ def test_checkpoint_capacity_belongs_to_conversational_kinds():
     doc = {"model": "v", "kind": "embedding", "control": "c.loom", "sources": ["s.loom"], "checkpoint_capacity": 2}
     with pytest.raises(InvalidRequest, match="checkpoint_capacity: not used by kind 'embedding'"):
         parse_document(json.dumps(doc), origin=str(SCOUT))
+
+
+def test_decision_pool_capacity_sizes_its_pool():
+    """A decision deployment has no rows, but its passes use a KV pool: the document sizes it."""
+    assert parse({**KIND_BASE, "kind": "decision", "pool_capacity": 640}).pool_capacity == 640
+    assert parse({**KIND_BASE, "kind": "decision"}).pool_capacity is None   # the runtime's default (8192)
