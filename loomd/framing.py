@@ -85,14 +85,22 @@ class _JsonErrorHandler(RequestHandler):
         super().connection_made(transport)
 
     def eof_received(self) -> bool | None:
-        """The client half-closed. Unless the connection is idle, keep our side open so the
-        request in progress still gets its answer (a 400 when its body was cut short)."""
+        """The client closed its side. With every request body complete (or the connection
+        idle) that means it left, as uvicorn and aiohttp's own handler take it: the transport
+        closes and the handler is cancelled, so a generation nobody waits for stops at its next
+        step. A body cut short keeps our side open to answer it with a 400."""
         idle = not self._messages and self._waiter is not None and not self._waiter.done()
-        if idle:
+        if idle or self._bodies_complete():
             return None
         self._keepalive = False  # answer, then close (force_close would drop a queued request unanswered)
         self._end_truncated_bodies(tries=100)
         return True
+
+    def _bodies_complete(self) -> bool:
+        payloads = [payload for _, payload in self._messages]
+        if self._current_request is not None:
+            payloads.append(self._current_request.content)
+        return bool(payloads) and all(payload.is_eof() for payload in payloads)
 
     def _end_truncated_bodies(self, tries: int) -> None:
         """Fail the body of the request in progress if it is incomplete. The request object may

@@ -99,15 +99,16 @@ def wait_idle(server: Daemon, timeout: float = 60.0) -> dict[str, Any]:
 
 # ---- streaming ---------------------------------------------------------------------------------
 
-def _request_bytes(path: str, body: dict[str, Any]) -> bytes:
+def _request_bytes(path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> bytes:
     data = json.dumps(body).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (f"POST {path} HTTP/1.1\r\nHost: loom\r\nConnection: close\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n")
+            f"{extra}Content-Length: {len(data)}\r\n\r\n")
     return head.encode() + data
 
 
 def open_stream(server: Daemon, body: dict[str, Any], *, timeout: float = IO_TIMEOUT_S,
-                rcvbuf: int | None = None) -> socket.socket:
+                rcvbuf: int | None = None, headers: dict[str, str] | None = None) -> socket.socket:
     """Send a chat request and return the socket unread (the caller reads or closes it).
     A small `rcvbuf` makes an unread stream exert backpressure sooner."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -115,7 +116,7 @@ def open_stream(server: Daemon, body: dict[str, Any], *, timeout: float = IO_TIM
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.settimeout(timeout)
     s.connect(("127.0.0.1", server.port))
-    s.sendall(_request_bytes("/v1/chat/completions", body))
+    s.sendall(_request_bytes("/v1/chat/completions", body, headers))
     return s
 
 

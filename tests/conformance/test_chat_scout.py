@@ -317,6 +317,19 @@ def test_disconnect_mid_stream_frees_its_row_while_others_finish(scout, alone):
     assert idle["pages_used"] == idle["pages_retained"], idle
 
 
+def test_disconnect_before_a_complete_response_frees_its_row(scout):
+    """A non-streamed request whose client leaves is cancelled at the next step boundary (the
+    handler is cancelled with the connection), not when its finished response is written."""
+    wait_idle(scout)
+    before = scheduler(scout)
+    leaving = open_stream(scout, LONG)    # stream omitted: one JSON response at the end
+    wait_until(lambda: scheduler(scout)["active"] == 1, "the request to be decoding")
+    leaving.close()
+    idle = wait_idle(scout)
+    assert idle["steps"] - before["steps"] < LONG["max_tokens"], (before, idle)
+    assert idle["pages_used"] == idle["pages_retained"], idle
+
+
 # ---- admission -----------------------------------------------------------------------------------
 
 def test_full_queue_is_503_and_a_queued_request_starts_when_the_row_frees(busy):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from scout_daemon import chat, scout_document, start_scout
+from scout_daemon import chat, open_stream, scheduler, scout_document, start_scout, wait_until
 
 FIRST = [{"role": "user", "content": "Remember the number seven."}]
 
@@ -124,3 +124,35 @@ def test_pin_and_suspend_wait_for_admission_to_reopen_and_delete_does_not(server
     waiter.join(60)
     assert results["pin"].status == 201, results["pin"].body
     assert control(server, "DELETE", "/v1/checkpoints/kw1").status == 200
+
+
+LONG = {"model": "scout", "messages": [{"role": "user", "content": "Count from 1 to 100, one per line."}],
+        "temperature": 0, "max_tokens": 16, "stream": True}
+
+
+def test_busy_session_and_queued_borrower_are_409(server):
+    """A session whose request is running cannot be pinned; a checkpoint that a queued request
+    continues from cannot be deleted. (scout has 2 rows: two long streams hold both.)"""
+    first = ask(server, "scout", FIRST, **{"X-Loom-Session": "q"})
+    assert first.status == 200
+    answer = first.json()["choices"][0]["message"]["content"]
+    assert control(server, "POST", "/v1/checkpoints/kq", **{"X-Loom-Session": "q"}).status == 201
+    holders = [open_stream(server, LONG, headers={"X-Loom-Session": f"hold-{i}"}) for i in range(2)]
+    try:
+        wait_until(lambda: scheduler(server)["active"] == 2, "two streams to hold both rows")
+        busy = control(server, "POST", "/v1/checkpoints/kb", **{"X-Loom-Session": "hold-0"})
+        assert busy.status == 409, busy.body
+        follow = FIRST + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Again?"}]
+        queued = open_stream(server, {"model": "scout", "messages": follow, "max_tokens": 2, "stream": True},
+                             headers={"X-Loom-Checkpoint": "kq", "X-Loom-Session": "q2"})
+        try:
+            wait_until(lambda: scheduler(server)["pending"] == 1, "the fork to queue")
+            blocked = control(server, "DELETE", "/v1/checkpoints/kq")
+            assert blocked.status == 409, blocked.body
+        finally:
+            queued.close()
+    finally:
+        for holder in holders:
+            holder.close()
+    wait_until(lambda: scheduler(server)["active"] == 0 and scheduler(server)["pending"] == 0, "idle")
+    assert control(server, "DELETE", "/v1/checkpoints/kq").status == 200
