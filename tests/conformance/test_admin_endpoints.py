@@ -100,6 +100,10 @@ def test_deferred_failed_and_removing_models_are_not_listed(daemon, tmp_path):
     reg = wait_phase(daemon, "deferred1", "deferred", "failed")
     assert reg["phase"] == "deferred"
     assert "deferred1" not in listed(daemon)
+    # checkpoint controls on an unprepared registration: 404, and the model is not prepared by them
+    pin = daemon.request("POST", "/v1/checkpoints/x", None, {"X-Loom-Model": "deferred1", "X-Loom-Session": "s"})
+    assert pin.status == 404, pin.body
+    assert registrations(daemon)["deferred1"]["phase"] == "deferred"
     # failed: listed in status, not in discovery
     broken = tmp_path / "broken.loom"
     broken.write_text(absolute_uses(ORIGINAL).replace("matmul(x, w, y)", "matmul(x, w, y"))
