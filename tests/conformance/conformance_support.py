@@ -27,8 +27,6 @@ def write_document(directory: Path, name: str, **fields) -> Path:
 
 def wait_ready(server: Daemon, names: list[str], timeout: float = 120.0) -> bool:
     """Poll /v1/status with a deadline until every named registration is ready."""
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = server.request("GET", "/v1/status").json()
@@ -70,34 +68,46 @@ def _request_bytes(body: Any, headers: dict[str, str] | None = None) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + data
 
 
-class SequenceStream:
-    """One /v1/sequences response read event by event (HTTP/1.1 chunked SSE, or a JSON error)."""
+class SseReader:
+    """Reads one SSE chat response (HTTP/1.1 chunked) from a socket, event by event."""
 
-    def __init__(self, server: Daemon, body: Any, headers: dict[str, str] | None = None):
-        self.sock = socket.create_connection(("127.0.0.1", server.port), timeout=SEQUENCE_IO_TIMEOUT_S)
-        self.sock.sendall(_request_bytes(body, headers))
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
         self.buf = b""
-        self.text = b""
+        self.status: int | None = None
+        self.headers: dict[str, str] = {}
+        self.text = b""           # de-chunked body so far
+        self.data: list[str] = []          # every event's data, in order
+        self.chunked = False
+        self.eof = False
+
+    def _recv(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            self.eof = True
+            raise ConnectionError("the server closed the connection")
+        self.buf += data
+
+    def head(self) -> int:
         while b"\r\n\r\n" not in self.buf:
             self._recv()
         head, _, self.buf = self.buf.partition(b"\r\n\r\n")
         status_line, *lines = head.decode("latin-1").split("\r\n")
         self.status = int(status_line.split()[1])
-        self.headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines)}
+        for line in lines:
+            k, _, v = line.partition(":")
+            self.headers[k.strip().lower()] = v.strip()
+        self.chunked = self.headers.get("transfer-encoding", "").lower() == "chunked"
+        return self.status
 
-    def _recv(self) -> None:
-        data = self.sock.recv(65536)
-        if not data:
-            raise ConnectionError("the server closed the connection")
-        self.buf += data
-
-    def _more(self) -> bool:
-        if self.headers.get("transfer-encoding", "").lower() != "chunked":
-            try:
-                if not self.buf:
+    def _more_body(self) -> bool:
+        """Move one more piece of body into `text`; False at the end of the body."""
+        if not self.chunked:
+            if not self.buf:
+                try:
                     self._recv()
-            except ConnectionError:
-                return False
+                except ConnectionError:
+                    return False
             self.text, self.buf = self.text + self.buf, b""
             return True
         while b"\r\n" not in self.buf:
@@ -107,17 +117,48 @@ class SequenceStream:
         self.buf = rest
         while len(self.buf) < size + 2:
             self._recv()
-        self.text, self.buf = self.text + self.buf[:size], self.buf[size + 2:]
+        self.text += self.buf[:size]
+        self.buf = self.buf[size + 2:]
         return size != 0
 
+    def next_event(self) -> str | None:
+        """The next event's data, or None at the end of the body."""
+        if self.status is None:
+            self.head()
+        while b"\n\n" not in self.text:
+            if not self._more_body():
+                return None
+        event, _, self.text = self.text.partition(b"\n\n")
+        line = event.decode()
+        assert line.startswith("data: "), line
+        data = line[len("data: "):]
+        self.data.append(data)
+        return data
+
+    def read_all(self) -> list[str]:
+        while self.next_event() is not None:
+            pass
+        return self.data
+
+
+
+class SequenceStream(SseReader):
+    """One /v1/sequences response read event by event (HTTP/1.1 chunked SSE, or a JSON error)."""
+
+    def __init__(self, server: Daemon, body: Any, headers: dict[str, str] | None = None):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=SEQUENCE_IO_TIMEOUT_S)
+        sock.sendall(_request_bytes(body, headers))
+        super().__init__(sock)
+        self.head()
+
     def body(self) -> bytes:
-        while self._more():
+        while self._more_body():
             pass
         return self.text
 
     def event(self) -> tuple[str, dict[str, Any]] | None:
         while b"\n\n" not in self.text:
-            if not self._more():
+            if not self._more_body():
                 assert not self.text.strip(), self.text
                 return None
             continue

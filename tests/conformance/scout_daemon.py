@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance_support import wait_ready
+from conformance_support import SseReader, wait_ready
 from loomd_process import REPO, Daemon, Response
 
 SCOUT = REPO / "samples" / "scout"
@@ -118,79 +118,6 @@ def open_stream(server: Daemon, body: dict[str, Any], *, timeout: float = IO_TIM
     s.connect(("127.0.0.1", server.port))
     s.sendall(_request_bytes("/v1/chat/completions", body, headers))
     return s
-
-
-class SseReader:
-    """Reads one SSE chat response (HTTP/1.1 chunked) from a socket, event by event."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.buf = b""
-        self.status: int | None = None
-        self.headers: dict[str, str] = {}
-        self.text = b""           # de-chunked body so far
-        self.events: list[str] = []
-        self.chunked = False
-        self.eof = False
-
-    def _recv(self) -> None:
-        data = self.sock.recv(65536)
-        if not data:
-            self.eof = True
-            raise ConnectionError("the server closed the connection")
-        self.buf += data
-
-    def head(self) -> int:
-        while b"\r\n\r\n" not in self.buf:
-            self._recv()
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        self.status = int(status_line.split()[1])
-        for line in lines:
-            k, _, v = line.partition(":")
-            self.headers[k.strip().lower()] = v.strip()
-        self.chunked = self.headers.get("transfer-encoding", "").lower() == "chunked"
-        return self.status
-
-    def _more_body(self) -> bool:
-        """Move one more piece of body into `text`; False at the end of the body."""
-        if not self.chunked:
-            if not self.buf:
-                try:
-                    self._recv()
-                except ConnectionError:
-                    return False
-            self.text, self.buf = self.text + self.buf, b""
-            return True
-        while b"\r\n" not in self.buf:
-            self._recv()
-        size_line, _, rest = self.buf.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        self.buf = rest
-        while len(self.buf) < size + 2:
-            self._recv()
-        self.text += self.buf[:size]
-        self.buf = self.buf[size + 2:]
-        return size != 0
-
-    def next_event(self) -> str | None:
-        """The next event's data, or None at the end of the body."""
-        if self.status is None:
-            self.head()
-        while b"\n\n" not in self.text:
-            if not self._more_body():
-                return None
-        event, _, self.text = self.text.partition(b"\n\n")
-        line = event.decode()
-        assert line.startswith("data: "), line
-        data = line[len("data: "):]
-        self.events.append(data)
-        return data
-
-    def read_all(self) -> list[str]:
-        while self.next_event() is not None:
-            pass
-        return self.events
 
 
 def stream_chat(server: Daemon, body: dict[str, Any], *, timeout: float = IO_TIMEOUT_S) -> tuple[int, list[str]]:

@@ -15,7 +15,6 @@ encoding, within 1e-4.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
