@@ -43,6 +43,14 @@ JOURNAL = web.AppKey("journal", Journal)
 METRICS = web.AppKey("metrics", Metrics)
 
 
+SENT_STATUS = "loom.sent_status"   # request key: the status of a response already prepared
+CLIENT_CLOSED = 499
+
+
+async def _remember_status(request: web.Request, response: web.StreamResponse) -> None:
+    request[SENT_STATUS] = response.status
+
+
 def _route_name(request: web.Request) -> str:
     info = request.match_info
     route = getattr(info, "route", None)
@@ -63,6 +71,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:  # aiohttp raised one of its own (never ours): same JSON shape
         response = error_response(exc.status, exc.reason or "error")
     except asyncio.CancelledError:
+        # The client left and its handler was cancelled: count the response it already had
+        # (a stream's 200), or 499 (nginx's "client closed request") when none was sent.
+        request.app[METRICS].request(_route_name(request), request.get(SENT_STATUS, CLIENT_CLOSED))
         raise
     except Exception as exc:
         response = unexpected_error_response(exc)
@@ -99,6 +110,7 @@ def make_app(registry: Registry, settings: Settings | None = None) -> web.Applic
     app[SETTINGS] = settings
     app[JOURNAL] = Journal()
     app[METRICS] = Metrics(registry)
+    app.on_response_prepare.append(_remember_status)
     registry.listeners.append(app[JOURNAL].publish_threadsafe)
 
     def add(method: str, path: str, handler: Handler) -> None:
