@@ -26,7 +26,24 @@ one reassociation Loom's back ends make, and only here.
 Each 16-lane loop reads 16 consecutive elements, and because k0 is a multiple of 32, a
 quantized element `k` of such a loop sits in block `k0 >> 5`, half `h`, lane `l`: the
 pass rewrites the lowering's `k >> 5`, `(k >> 4) & 1` and `k & 15` to exactly those, so
-block scales become loop-invariant and code bytes are read contiguously.
+block scales become loop-invariant (they are read once per block, before the lane loops)
+and code bytes are read contiguously.
+
+A loop whose body reads quantized codes (a matmul over GGUF blocks) runs its whole
+chunks, 0..E & ~31, in a form with a constant trip count, and only the last, partial
+chunk (none when E is a multiple of 32) in the runtime-trip form above:
+
+    for l in 0..16 { lane l += g(k0 + l); lane 16 + l += g(k0 + 16 + l) }   // q4_0, q4_1
+    for l in 0..32 { lane l += g(k0 + l) }   // only q8_0 codes: half l >> 4, lane l & 15
+
+A q4 block keeps element l in the low nibble and element 16 + l in the high nibble of code
+byte l, so the fused loop reads each byte once for both halves; q8_0 codes are 32
+contiguous bytes. LLVM turns either loop into whole vectors and keeps the 32 lanes in
+registers across blocks (the runtime trip counts kept them in memory, with a scalar
+remainder per half): 2.5-3x on scout's decode matvecs (`bench/matvec.py`). Both forms add
+element k0 + 16 h + l to lane 16 h + l in the same order as the general form, so results
+are bit-identical. Loops that read no codes keep the general form: with a light body (an
+f32 dot product) LLVM unrolls a 16-trip loop whole instead of vectorizing it.
 """
 
 from __future__ import annotations
@@ -46,7 +63,8 @@ def split_group(group: ir.KernelGroup) -> ir.KernelGroup:
 
 def split_kernel(kernel: ir.Kernel) -> ir.Kernel:
     names = _declared_names(kernel)
-    return dataclasses.replace(kernel, body=_Splitter(names).block(kernel.body))
+    quant = {p.name: p.dtype for p in kernel.params if isinstance(p, ir.BufferParam) and p.dtype in ir.QUANT_DTYPES}
+    return dataclasses.replace(kernel, body=_Splitter(names, quant).block(kernel.body))
 
 
 def _i64(v: int) -> ir.Const:
@@ -113,6 +131,10 @@ def _declared_names(kernel: ir.Kernel) -> set[str]:
 
 
 class _Splitter(FreshNames):
+    def __init__(self, names: set[str], quant: dict[str, str]):
+        super().__init__(names)
+        self.quant = quant  # quantized buffer -> its dtype
+
     def block(self, body: tuple) -> tuple:
         out: list = []
         for s in body:
@@ -135,21 +157,66 @@ class _Splitter(FreshNames):
     def split(self, loop: ir.For, accumulators: dict[str, str]) -> list:
         k = loop.var
         end = self.fresh(f"{k}_end")
-        k0 = self.fresh(f"{k}0")
         parts = {acc: self.fresh(f"{acc}_lanes") for acc in accumulators}
         out: list = [ir.Declare(end, "i64", loop.end)]
         out += [ir.LocalArray(parts[acc], dtype, CHUNK) for acc, dtype in accumulators.items()]
-        chunk_body: list = []
+        codes = _code_types(loop.body, self.quant)
+        if codes:
+            # whole blocks first, in one loop of constant trip count; then the ragged last chunk
+            whole = "flat" if codes == {"q8_0"} else "fused"
+            full = self.fresh(f"{k}_full")
+            out.append(ir.Declare(full, "i64", ir.Binary(
+                "and", ir.Math("max", (ir.Ref(end, "i64"), _i64(0)), "i64"), _i64(-CHUNK), "i64")))
+            out.append(self.chunk_loop(loop, accumulators, parts, _i64(0), ir.Ref(full, "i64"), end, whole))
+            out.append(self.chunk_loop(loop, accumulators, parts, ir.Ref(full, "i64"), ir.Ref(end, "i64"), end,
+                                       "ragged"))
+        else:
+            out.append(self.chunk_loop(loop, accumulators, parts, _i64(0), ir.Ref(end, "i64"), end, "ragged"))
+        for acc, dtype in accumulators.items():  # a pairwise tree: 5 dependent adds, not 32
+            width = CHUNK // 2
+            while width:
+                z = self.fresh(f"{acc}_z")
+                here = ir.Load(parts[acc], ir.Ref(z, "i64"), dtype)
+                there = ir.Load(parts[acc], ir.Binary("add", ir.Ref(z, "i64"), _i64(width), "i64"), dtype)
+                out.append(ir.For(z, "i64", _i64(0), _i64(width), (
+                    ir.Store(parts[acc], ir.Ref(z, "i64"), ir.Binary("add", here, there, dtype)),)))
+                width //= 2
+            out.append(ir.Assign(acc, ir.Binary("add", ir.Ref(acc, dtype), ir.Load(parts[acc], _i64(0), dtype), dtype)))
+        return out
+
+    def chunk_loop(self, loop: ir.For, accumulators: dict[str, str], parts: dict[str, str], start: ir.Expr,
+                   stop: ir.Expr, end: str, form: str) -> ir.For:
+        """`for k0 in start..stop step 32` over the lanes, in one of three forms:
+
+        - "ragged": each half h runs a loop of min(16, end - k0 - 16 h) trips (any chunk);
+        - "fused" (whole chunks only): one loop of 16 constant trips handles lane l of both
+          halves, elements k0 + l and k0 + 16 + l, which share one code byte in q4 blocks;
+        - "flat" (whole chunks only): one loop of 32 constant trips, element k0 + l with
+          half l >> 4 and lane l & 15: contiguous code bytes in q8_0 blocks.
+
+        Every form adds element k0 + 16 h + l to lane 16 h + l, in the same order, so they
+        give the same result. The constant trip counts let LLVM turn each lane loop into
+        whole vectors and keep the lanes in registers; with a light body (an f32 dot
+        product) LLVM unrolls such a loop instead and leaves it scalar, which is why only
+        bodies that read quantized codes get them."""
+        k = loop.var
+        k0 = self.fresh(f"{k}0")
+        shared_lane = self.fresh(f"{k}_lane") if form != "ragged" else None
+        if form == "flat":
+            return self.flat_chunk_loop(loop, accumulators, parts, start, stop, k0, shared_lane)
         hoisted: dict[ir.Expr, str] = {}  # block scale/min -> its local, read once per block
         per_lane: set[str] = {k}
+        chunk_body: list = []
+        fused_body: list = []
         for h in range(CHUNK // HALF):
             base = self.fresh(f"{k}_base")
-            count = self.fresh(f"{k}_count")
-            lane = self.fresh(f"{k}_lane")
             first = ir.Ref(k0, "i64") if h == 0 else ir.Binary("add", ir.Ref(k0, "i64"), _i64(HALF * h), "i64")
             chunk_body.append(ir.Declare(base, "i64", first))
-            chunk_body.append(ir.Declare(count, "i64", ir.Math("min", (_i64(HALF), ir.Binary(
-                "sub", ir.Ref(end, "i64"), ir.Ref(base, "i64"), "i64")), "i64")))
+            lane = shared_lane or self.fresh(f"{k}_lane")
+            if form == "ragged":
+                count = self.fresh(f"{k}_count")
+                chunk_body.append(ir.Declare(count, "i64", ir.Math("min", (_i64(HALF), ir.Binary(
+                    "sub", ir.Ref(end, "i64"), ir.Ref(base, "i64"), "i64")), "i64")))
             renames = {k: self.fresh(k)}
             inner: list = [ir.Declare(renames[k], "i64", ir.Binary("add", ir.Ref(base, "i64"), ir.Ref(lane, "i64"), "i64"))]
             for s in loop.body:
@@ -180,20 +247,72 @@ class _Splitter(FreshNames):
                     dtype = accumulators[s.name]
                     current = ir.Load(parts[s.name], slot, dtype)
                     inner.append(ir.Store(parts[s.name], slot, ir.Binary("add", current, local(s.value.b), dtype)))
-            chunk_body.append(ir.For(lane, "i64", _i64(0), ir.Ref(count, "i64"), tuple(inner)))
+            if form == "fused":
+                fused_body += inner
+            else:
+                chunk_body.append(ir.For(lane, "i64", _i64(0), ir.Ref(count, "i64"), tuple(inner)))
+        if form == "fused":
+            chunk_body.append(ir.For(shared_lane, "i64", _i64(0), _i64(HALF), tuple(fused_body)))
         loads = [ir.Declare(name, x.dtype, x) for x, name in hoisted.items()]
-        out.append(ir.For(k0, "i64", _i64(0), ir.Ref(end, "i64"), tuple(loads + chunk_body), step=CHUNK))
-        for acc, dtype in accumulators.items():  # a pairwise tree: 5 dependent adds, not 32
-            width = CHUNK // 2
-            while width:
-                z = self.fresh(f"{acc}_z")
-                here = ir.Load(parts[acc], ir.Ref(z, "i64"), dtype)
-                there = ir.Load(parts[acc], ir.Binary("add", ir.Ref(z, "i64"), _i64(width), "i64"), dtype)
-                out.append(ir.For(z, "i64", _i64(0), _i64(width), (
-                    ir.Store(parts[acc], ir.Ref(z, "i64"), ir.Binary("add", here, there, dtype)),)))
-                width //= 2
-            out.append(ir.Assign(acc, ir.Binary("add", ir.Ref(acc, dtype), ir.Load(parts[acc], _i64(0), dtype), dtype)))
-        return out
+        return ir.For(k0, "i64", start, stop, tuple(loads + chunk_body), step=CHUNK)
+
+    def flat_chunk_loop(self, loop: ir.For, accumulators: dict[str, str], parts: dict[str, str], start: ir.Expr,
+                        stop: ir.Expr, k0: str, lane: str) -> ir.For:
+        """The "flat" form of `chunk_loop`: `for l in 0..32`, element k = k0 + l in lane l."""
+        k = loop.var
+        hoisted: dict[ir.Expr, str] = {}
+        renames = {k: self.fresh(k)}
+        for s in loop.body:
+            if isinstance(s, ir.Declare):
+                renames[s.name] = self.fresh(s.name)
+        per_lane = {k, lane, *renames, *renames.values()}
+        l = ir.Ref(lane, "i64")
+        half = ir.Binary("shr", l, _i64(4), "i64")
+        within = ir.Binary("and", l, _i64(HALF - 1), "i64")
+
+        def split_index(x: ir.Expr) -> ir.Expr | None:
+            kref = ir.Ref(k, "i64")
+            if x == ir.Binary("shr", kref, _i64(5), "i64"):
+                return ir.Binary("shr", ir.Ref(k0, "i64"), _i64(5), "i64")
+            if x == ir.Binary("and", ir.Binary("shr", kref, _i64(4), "i64"), _i64(1), "i64"):
+                return half
+            if x == ir.Binary("and", kref, _i64(15), "i64"):
+                return within
+            return None
+
+        def hoist(x: ir.Expr) -> ir.Expr | None:
+            if isinstance(x, (ir.QuantScale, ir.QuantMin)) and not refs(x.block) & per_lane:
+                if x not in hoisted:
+                    hoisted[x] = self.fresh(f"{x.buf}_{'scale' if isinstance(x, ir.QuantScale) else 'min'}")
+                return ir.Ref(hoisted[x], x.dtype)
+            return None
+
+        def local(e: ir.Expr) -> ir.Expr:
+            e = rewrite(rewrite(e, split_index), hoist)
+            return rewrite(e, lambda x: ir.Ref(renames[x.name], x.dtype)
+                           if isinstance(x, ir.Ref) and x.name in renames else None)
+
+        inner: list = [ir.Declare(renames[k], "i64", ir.Binary("add", ir.Ref(k0, "i64"), l, "i64"))]
+        for s in loop.body:
+            if isinstance(s, ir.Declare):
+                inner.append(ir.Declare(renames[s.name], s.dtype, local(s.value)))
+            else:
+                dtype = accumulators[s.name]
+                inner.append(ir.Store(parts[s.name], l, ir.Binary(
+                    "add", ir.Load(parts[s.name], l, dtype), local(s.value.b), dtype)))
+        loads = [ir.Declare(name, x.dtype, x) for x, name in hoisted.items()]
+        body = tuple(loads) + (ir.For(lane, "i64", _i64(0), _i64(CHUNK), tuple(inner)),)
+        return ir.For(k0, "i64", start, stop, body, step=CHUNK)
+
+
+def _code_types(body: tuple, quant: dict[str, str]) -> set[str]:
+    """The quantized dtypes whose codes a loop body reads (see `chunk_loop` for why it matters)."""
+    found: set[str] = set()
+    for s in body:
+        value = s.value if isinstance(s, (ir.Declare, ir.Assign)) else None
+        if value is not None:
+            rewrite(value, lambda x: found.add(quant.get(x.buf, "")) if isinstance(x, ir.QuantCode) else None)
+    return found
 
 
 def _quant_index(e: ir.Expr, k: str, k0: str, h: int, lane: str) -> ir.Expr | None:

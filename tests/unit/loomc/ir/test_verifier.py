@@ -114,7 +114,8 @@ def test_printer_shows_types_and_quantized_reads():
             text = print_group(lower_kernel(checked.core, info, item))
     assert "kernel matmul_q8_0(x: f32[T, K], w: q8_0[N, K], out y: f32[T, N])" in text
     assert "qscale(w, " in text and "qcode(w, " in text and "var acc_lanes: f32[32]" in text
-    assert "for k0: i64 in 0:i64..k_end step 32" in text
+    assert "for k0: i64 in 0:i64..k_full step 32" in text  # whole blocks, constant trip
+    assert "for k0_1: i64 in k_full..k_end step 32" in text  # the partial tail
 
 
 def test_frozen_nodes_compare_by_value():

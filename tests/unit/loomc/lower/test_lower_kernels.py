@@ -105,12 +105,40 @@ def test_lanes_pass_splits_sum_reductions(tmp_path):
     split = split_group(plain)
     verify_group(split)
     loops = [s for s in walk(split.parts[0].body) if isinstance(s, ir.For)]
-    assert [(l.var, l.step) for l in loops][:3] == [("k0", 32), ("k_lane", 1), ("k_lane_1", 1)]
-    assert [l.end.value for l in loops[3:]] == [16, 8, 4, 2, 1]  # the lanes are added as a pairwise tree
-    codes = [e for s in walk(split.parts[0].body) if isinstance(s, ir.Store) and s.buf == "acc_lanes"
+    # whole blocks: one loop of 16 constant trips over both halves; then the ragged last chunk
+    assert [(l.var, l.step) for l in loops][:5] == [("k0", 32), ("k_lane", 1), ("k0_1", 32), ("k_lane_1", 1),
+                                                    ("k_lane_2", 1)]
+    assert loops[0].end == ir.Ref("k_full", "i64") and loops[1].end == ir.Const("i64", 16)
+    assert loops[2].start == ir.Ref("k_full", "i64") and loops[2].end == ir.Ref("k_end", "i64")
+    assert isinstance(loops[3].end, ir.Ref) and isinstance(loops[4].end, ir.Ref)  # min(16, end - base) trips
+    assert [l.end.value for l in loops[5:]] == [16, 8, 4, 2, 1]  # the lanes are added as a pairwise tree
+    codes = [(s.index, e) for s in walk(split.parts[0].body) if isinstance(s, ir.Store) and s.buf == "acc_lanes"
              for e in find(s.value, ir.QuantCode)]
-    assert [c.sub for c in codes] == [ir.Const("i64", 0), ir.Const("i64", 1)]  # block halves, not k >> 4
-    assert [c.lane for c in codes] == [ir.Ref("k_lane", "i64"), ir.Ref("k_lane_1", "i64")]
+    lane, sixteen = ir.Ref("k_lane", "i64"), ir.Const("i64", 16)
+    # fused: lane l of both halves reads code byte l (low and high nibble), into lanes l and 16 + l
+    assert codes[:2] == [(lane, ir.QuantCode("w", codes[0][1].block, ir.Const("i64", 0), lane)),
+                         (ir.Binary("add", sixteen, lane, "i64"),
+                          ir.QuantCode("w", codes[0][1].block, ir.Const("i64", 1), lane))]
+    assert [c.sub for _, c in codes[2:]] == [ir.Const("i64", 0), ir.Const("i64", 1)]  # block halves, not k >> 4
+    assert [c.lane for _, c in codes[2:]] == [ir.Ref("k_lane_1", "i64"), ir.Ref("k_lane_2", "i64")]
+
+
+def test_lanes_pass_reads_q8_blocks_in_one_flat_loop(tmp_path):
+    split = lower(tmp_path, DOT.replace("q4_1", "q8_0"), "k")
+    loops = [s for s in walk(split.parts[0].body) if isinstance(s, ir.For)]
+    flat = next(l for l in loops if l.end == ir.Const("i64", 32))
+    (code,) = [c for s in walk(flat.body) for c in find(getattr(s, "value", ir.Const("i64", 0)), ir.QuantCode)]
+    lane = ir.Ref(flat.var, "i64")
+    assert code.sub == ir.Binary("shr", lane, ir.Const("i64", 4), "i64")
+    assert code.lane == ir.Binary("and", lane, ir.Const("i64", 15), "i64")
+
+
+def test_lanes_pass_keeps_runtime_trip_counts_without_quantized_reads(tmp_path):
+    """A light body (an f32 dot product) would be unrolled whole at constant trip counts."""
+    split = lower(tmp_path, DOT.replace("w: q4_1[N, K]", "w: f32[N, K]"), "k")
+    loops = [s for s in walk(split.parts[0].body) if isinstance(s, ir.For)]
+    assert [(l.var, l.step) for l in loops][:3] == [("k0", 32), ("k_lane", 1), ("k_lane_1", 1)]
+    assert loops[0].end == ir.Ref("k_end", "i64") and isinstance(loops[1].end, ir.Ref)
 
 
 def test_jam_pass_shares_dequantization_across_four_tokens(tmp_path):
