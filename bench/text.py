@@ -5,10 +5,11 @@ Run by hand (never in CI):  .venv/bin/python bench/text.py [--repeats 3] [--deco
 Measures, as medians over interleaved repeats (Loom, llama.cpp, Loom, llama.cpp, ...):
   decode tok/s at batch 1 (context 128-255), aggregate decode tok/s with 8 concurrent
   streams, prefill tok/s for 128 and 512 prompt tokens, time to first token of a 64-token
-  prompt, and peak RSS of this process. llama.cpp figures appear when `llama-cpp-python` is
-  installed (`pip install llama-cpp-python`, which compiles llama.cpp: minutes); every Loom
-  figure is also printed as a ratio to llama.cpp's, measured in the same run. llama.cpp
-  runs in a child process (see `LlamaCpp` for why), so RSS is Loom's alone.
+  prompt (in process, through the service's first published token), and peak RSS of each
+  engine's process. llama.cpp figures appear when `llama-cpp-python` is installed
+  (`pip install llama-cpp-python`, which compiles llama.cpp: minutes); every Loom figure is
+  also printed as a ratio to llama.cpp's, measured in the same run. llama.cpp runs in a
+  child process (see `LlamaCpp` for why), which also keeps the two peak RSS figures apart.
 """
 
 from __future__ import annotations
@@ -133,6 +134,9 @@ class _LlamaCppEngine:
         self.llm.sample(temp=0.0)
         return time.perf_counter() - start
 
+    def rss(self) -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     def close(self) -> None:
         pass
 
@@ -186,6 +190,9 @@ class LlamaCpp:
     def ttft(self) -> float:
         return self._call("ttft")
 
+    def rss(self) -> float:
+        return self._call("rss")
+
     def close(self) -> None:
         self.conn.send(None)
         self.process.join(30)
@@ -225,8 +232,10 @@ def main() -> None:
         ratio = (other / loom if "ms" in m else loom / other) if other == other and other else float("nan")
         print(f"{m:45s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"\npeak RSS of this process (Loom; llama.cpp runs in a child process): {rss:.0f} MiB")
-    print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's)")
+    other = engines[1].rss() if len(engines) > 1 else float("nan")
+    print(f"{'peak RSS of the engine process (MiB)':45s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
+    print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's); "
+          "for RSS the ratio is Loom's / llama.cpp's")
     for e in engines:
         e.close()
 

@@ -13,11 +13,9 @@ import openai
 import pytest
 
 from scout_daemon import start_scout
+from tool_history import HISTORY, WEATHER
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
 @pytest.fixture(scope="module")
@@ -90,29 +88,23 @@ def test_invalid_request_is_a_client_error(client):
 
 
 def test_tool_call_round_trip(client):
-    """Tools out, tool results back in, through the client's own types.
+    """Tools out, a generated call back as the client's own types, the result sent back in.
 
-    The 135M model does not reliably choose to call a tool, so the first turn may answer in
-    text: if it does call one, the call must arrive as structured `tool_calls` with JSON
-    arguments (finish_reason "tool_calls"); either way the protocol is exercised by the
-    second turn, which sends the full history with an assistant `tool_calls` message and a
-    `tool` result message and must get an ordinary completion back."""
-    messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    The conversation (`tool_history.HISTORY`: two earlier calls of the same tool)
+    makes the model call `get_weather` for London under greedy decoding; the client parses
+    it, and the second turn sends the full history with that assistant `tool_calls` message
+    and a `tool` result message and must get a completion back."""
+    messages = HISTORY
     first = client.chat.completions.create(model="scout", messages=messages, tools=[WEATHER], temperature=0,
-                                           max_tokens=64)
+                                           max_tokens=48)
     choice = first.choices[0]
-    if choice.message.tool_calls:
-        assert choice.finish_reason == "tool_calls"
-        for call in choice.message.tool_calls:
-            assert call.type == "function" and call.id
-            assert isinstance(call.function.name, str) and call.function.name
-            assert isinstance(json.loads(call.function.arguments), dict)
-        calls = [c.model_dump() for c in choice.message.tool_calls]
-    else:
-        assert choice.finish_reason in ("stop", "length")
-        assert isinstance(choice.message.content, str)
-        calls = [{"id": "call_0", "type": "function",
-                  "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls, choice.message
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "London"}
+    calls = [c.model_dump() for c in choice.message.tool_calls]
 
     history = messages + [
         {"role": "assistant", "content": None, "tool_calls": calls},

