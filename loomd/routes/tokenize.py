@@ -93,6 +93,8 @@ async def detokenize(request: web.Request) -> web.StreamResponse:
         text = await asyncio.to_thread(tokenizer.decode, tokens, skip_special_tokens=False)
     except Exception as exc:
         raise LoomError(f"the tokenizer failed: {exc}") from None
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        raise PayloadTooLarge(f"the decoded text is larger than {MAX_TEXT_BYTES} bytes")
     return json_response({"content": text})
 
 

@@ -93,6 +93,17 @@ def test_too_many_tokens_to_detokenize_is_413(scout):
     error_of(detokenize(scout, {"tokens": [42] * (MAX_TOKENS + 1)}), 413)
 
 
+def test_decoded_text_over_one_mib_is_413(scout):
+    # a long token (a run of spaces): fewer than 262144 of them decode to more than 1 MiB
+    [token] = tokenize(scout, {"content": " " * 16}).json()["tokens"]
+    size = len(detokenize(scout, {"tokens": [token]}).json()["content"].encode())
+    assert size == 16
+    fits, over = MIB // size, MIB // size + 1
+    assert len(detokenize(scout, {"tokens": [token] * fits}).json()["content"].encode()) == MIB
+    error = error_of(detokenize(scout, {"tokens": [token] * over}), 413)
+    assert str(MIB) in error["message"]
+
+
 def test_with_pieces(scout):
     assert tokenize(scout, {"content": "Hi", "with_pieces": False}).status == 200
     error_of(tokenize(scout, {"content": "Hi", "with_pieces": True}), 400)
