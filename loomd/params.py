@@ -13,7 +13,7 @@ DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,17})$")
 
 
 def is_decimal(text: str) -> bool:
-    return DECIMAL.match(text) is not None
+    return DECIMAL.fullmatch(text) is not None
 
 
 def one_decimal(values: list[str], what: str, lo: int = 0, hi: int = 2**62, param: str | None = None) -> int:

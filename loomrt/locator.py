@@ -32,7 +32,7 @@ def parse_locator(locator: str) -> tuple[str, str]:
     if not is_locator(locator):
         raise InvalidRequest(f"{locator!r} is not a package locator (expected 'package:MODULE/path')")
     module, sep, rel = locator[len(PREFIX):].partition("/")
-    if not _MODULE.match(module):
+    if not _MODULE.fullmatch(module):
         raise InvalidRequest(f"package locator {locator!r}: {module!r} is not a top-level module name")
     if not sep or rel == "":
         raise InvalidRequest(f"package locator {locator!r} names no file inside {module!r}")

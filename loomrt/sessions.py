@@ -28,14 +28,14 @@ import numpy as np
 from loomrt.errors import InvalidRequest
 from loomrt.kv import PagePool
 
-SESSION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+SESSION_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")   # whole string: fullmatch, so a trailing "\n" fails
 
 # `/v1/sessions` pages by `order` across every deployment: one process-wide counter keeps it unique.
 ORDERS = itertools.count(1)
 
 
 def check_session_name(name: str, header: str = "X-Loom-Session") -> str:
-    if not SESSION_NAME.match(name):
+    if not SESSION_NAME.fullmatch(name):
         raise InvalidRequest(f"{header} must be 1-64 ASCII letters, digits, '_', '.' or '-', got {name!r}",
                              param=header)
     return name

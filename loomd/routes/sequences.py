@@ -63,7 +63,7 @@ def validate_sequence(body: dict[str, Any], checkpoint: str | None = None
     session = None
     if "session" in body:
         session = expect_string("session", body["session"])
-        if not HANDLE.match(session):
+        if not HANDLE.fullmatch(session):
             raise fail("session", f"expected a handle of 32 lowercase hex digits, got {json.dumps(session)}")
     position = expect_integer("position", body["position"], 0, INT32_MAX)
     ids = body["token_ids"]

@@ -8,11 +8,14 @@ changes only how much is prefilled (`cached_tokens`), never the answer."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import threading
 
 import pytest
 
-from scout_daemon import chat, scheduler, scout_document, start_scout, wait_until
+from conformance_support import SseReader
+from scout_daemon import chat, open_stream, scheduler, scout_document, start_scout, stream_result, wait_until
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 
@@ -43,6 +46,37 @@ def ask(server, model, messages, **headers):
     assert r.status == 200, r.body
     body = r.json()
     return body["choices"][0]["message"]["content"], body["usage"]
+
+
+def ask_streamed(server, model, messages, **headers):
+    """The same turn as `ask`, streamed (SSE), with the usage chunk."""
+    body = {"model": model, "messages": messages, "temperature": 0, "max_tokens": 24, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with open_stream(server, body, timeout=180, headers=headers or None) as s:
+        reader = SseReader(s)
+        status = reader.head()
+        assert status == 200, reader.buf.decode(errors="replace")
+        result = stream_result(reader.read_all())
+    return result["content"], result["usage"]
+
+
+REPLAYS = itertools.count(1)
+
+
+def replay_on(server, model, messages):
+    """A fresh replay on `model` itself: a session name never used before has no history to
+    take (untagged histories are no candidates for a named request), so all is prefilled."""
+    text, usage = ask(server, model, messages, **{"X-Loom-Session": f"replay-{next(REPLAYS)}"})
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0, usage
+    return text, usage
+
+
+def position_of(server, model, session):
+    """The consumed position `/v1/sessions` lists for a named history: the length it holds."""
+    listed = server.request("GET", f"/v1/sessions?model={model}&limit=1000").json()["data"]
+    mine = [s for s in listed if s["session"] == session and s["model"] == model]
+    assert len(mine) == 1, json.dumps(listed)
+    return mine[0]["position"]
 
 
 def fresh(server, messages):
@@ -97,16 +131,51 @@ def test_untagged_requests_do_not_take_a_named_history(server):
 
 
 def test_same_session_name_on_two_deployments_is_independent(server):
+    """Two conversations that part after the shared system prompt, each under the name `shared`
+    on its own deployment. Each second turn takes exactly its own deployment's history: the
+    whole of it (`cached_tokens` equals the position that deployment lists), which the other
+    deployment's history, a different conversation, could not give."""
     a = [{"role": "user", "content": "Count to three."}]
     b = [{"role": "user", "content": "Name a fruit."}]
-    ask(server, "scout", a, **{"X-Loom-Session": "shared"})
-    ask(server, "other", b, **{"X-Loom-Session": "shared"})
-    # continuing the scout session reuses scout's history, not other's
-    _, usage = ask(server, "scout", a + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}],
-                   **{"X-Loom-Session": "shared"})
-    assert usage["prompt_tokens_details"]["cached_tokens"] > 0
+    answer_a, _ = ask(server, "scout", a, **{"X-Loom-Session": "shared"})
+    answer_b, _ = ask(server, "other", b, **{"X-Loom-Session": "shared"})
+    held = {"scout": position_of(server, "scout", "shared"), "other": position_of(server, "other", "shared")}
+    a2 = a + [{"role": "assistant", "content": answer_a}, {"role": "user", "content": "And then?"}]
+    b2 = b + [{"role": "assistant", "content": answer_b}, {"role": "user", "content": "Another one?"}]
+    text_a, usage_a = ask(server, "scout", a2, **{"X-Loom-Session": "shared"})
+    text_b, usage_b = ask(server, "other", b2, **{"X-Loom-Session": "shared"})
+    assert usage_a["prompt_tokens_details"]["cached_tokens"] == held["scout"], (held, usage_a)
+    assert usage_b["prompt_tokens_details"]["cached_tokens"] == held["other"], (held, usage_b)
+    assert text_a == replay_on(server, "scout", a2)[0]
+    assert text_b == replay_on(server, "other", b2)[0]
     listed = {(s["model"], s["session"]) for s in server.request("GET", "/v1/sessions").json()["data"]}
     assert {("scout", "shared"), ("other", "shared")} <= listed
+
+
+def test_streamed_and_json_turns_alternate_on_one_session(server):
+    """A streamed turn, a JSON turn, a streamed turn on one X-Loom-Session: each continues the
+    whole history the previous one left (whatever its framing) and answers as a replay does."""
+    headers = {"X-Loom-Session": "alt"}
+    first = [{"role": "user", "content": "Name a planet."}]
+    answer1, usage1 = ask_streamed(server, "scout", first, **headers)
+    assert usage1["prompt_tokens_details"]["cached_tokens"] == 0
+    held = position_of(server, "scout", "alt")
+    assert held >= usage1["prompt_tokens"] + usage1["completion_tokens"] - 1, (held, usage1)
+
+    second = first + [{"role": "assistant", "content": answer1}, {"role": "user", "content": "Is it large?"}]
+    answer2, usage2 = ask(server, "scout", second, **headers)              # JSON, reusing the stream's row
+    assert usage2["prompt_tokens_details"]["cached_tokens"] == held, (held, usage2)
+    held = position_of(server, "scout", "alt")
+    assert held >= usage2["prompt_tokens"] + usage2["completion_tokens"] - 1, (held, usage2)
+
+    third = second + [{"role": "assistant", "content": answer2}, {"role": "user", "content": "Why?"}]
+    answer3, usage3 = ask_streamed(server, "scout", third, **headers)      # streamed again, after JSON
+    assert usage3["prompt_tokens_details"]["cached_tokens"] == held, (held, usage3)
+
+    for messages, answer, usage in ((second, answer2, usage2), (third, answer3, usage3)):
+        replay_text, replay_usage = replay_on(server, "scout", messages)
+        assert answer == replay_text
+        assert replay_usage["prompt_tokens"] == usage["prompt_tokens"]
 
 
 def test_concurrent_use_of_one_session_is_409(server):

@@ -7,7 +7,8 @@ One daemon for the module: `encoder` (checkpoint_capacity 2, rows 2, context 256
 step) and `plain`, the same model with the default checkpoint_capacity 0. A fork is judged
 against appending the same ids to the source handle directly: both continue from the same
 cached positions, so their chunk bytes agree (bound 1e-5; on the CPU back end they are
-bit-identical, as the per-token states depend only on the token's row cache).
+bit-identical, as the per-token states depend only on the token's row cache). The last test
+unregisters `plain`, to use the controls without X-Loom-Model once one deployment is left.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from conformance_support import SequenceStream, checked_sequence, encoder_document, sequence, wait_ready
 from loomd_process import Daemon
-from scout_daemon import READY_DEADLINE_S
+from scout_daemon import READY_DEADLINE_S, wait_until
 
 # SmolLM2 ids of an English sentence (any valid ids would do: ids < 49152).
 IDS = [504, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 30, 21017, 17837, 685, 281, 28, 5631, 2496, 1690,
@@ -129,7 +130,9 @@ def test_pin_errors_and_capacity(server):
     assert control(server, "POST", "/v1/checkpoints/x", **{"X-Loom-Session": "ab" * 16}).status == 404
     plain, _ = start(server, IDS[:4], "plain")
     assert control(server, "POST", "/v1/checkpoints/x", "plain", **{"X-Loom-Session": plain}).status == 404
-    assert server.request("POST", "/v1/checkpoints/x", None, {"X-Loom-Session": source}).status == 400  # 2 models
+    # X-Loom-Model may be omitted only with exactly one deployment registered: here there are two.
+    two = server.request("POST", "/v1/checkpoints/x", None, {"X-Loom-Session": source})
+    assert two.status == 400 and two.json()["error"]["param"] == "X-Loom-Model", two.body
     assert control(server, "POST", "/v1/checkpoints/k1", **{"X-Loom-Session": source}).status == 201
     assert control(server, "POST", "/v1/checkpoints/k1", **{"X-Loom-Session": source}).status == 409   # duplicate
     assert control(server, "POST", "/v1/checkpoints/k2", **{"X-Loom-Session": source}).status == 201
@@ -137,6 +140,21 @@ def test_pin_errors_and_capacity(server):
     assert full.status == 503, full.body                                                         # capacity 2
     for name in ("k1", "k2"):
         assert control(server, "DELETE", f"/v1/checkpoints/{name}").status == 200
+
+
+def test_checkpoint_names_outside_the_alphabet_are_400(server):
+    """Names are 1-64 of [A-Za-z0-9_.-] and nothing else, to the end: a trailing newline (the
+    URL's %0A, decoded into the path parameter) is refused like any other character, before the
+    session is looked at, so the idle handle below is never pinned."""
+    source, _ = start(server, IDS[:2])
+    for name in ("x%0A", "x%0D%0A", "%0Ax", "a" * 65, "bad%20name"):
+        for method, path in (("POST", f"/v1/checkpoints/{name}"), ("POST", f"/v1/checkpoints/{name}/suspend"),
+                             ("DELETE", f"/v1/checkpoints/{name}")):
+            got = control(server, method, path, **{"X-Loom-Session": source})
+            assert got.status == 400, (method, path, got.body)
+            assert got.json()["error"]["param"] == "checkpoint name", (method, path, got.body)
+    assert control(server, "POST", "/v1/checkpoints/x", **{"X-Loom-Session": source}).status == 201  # same handle
+    assert control(server, "DELETE", "/v1/checkpoints/x").status == 200
 
 
 def test_a_busy_handle_cannot_be_pinned(server):
@@ -200,3 +218,24 @@ def test_sessions_lists_sequence_handles(server):
         after = page["next_after"]
     assert [(s["model"], s["session"]) for s in walked] == [(s["model"], s["session"]) for s in everything]
     assert [s["order"] for s in everything] == sorted(s["order"] for s in everything)
+
+
+def test_x_loom_model_may_be_omitted_with_one_deployment(server):
+    """Last in the module: it unregisters `plain`, leaving `encoder` the only deployment, whose
+    checkpoint controls then need no X-Loom-Model."""
+    source, _ = start(server, IDS[:K])
+    removed = server.request("POST", "/v1/models/unregister", {"model": "plain", "mode": "drain"})
+    assert removed.status == 202, removed.body
+    wait_until(lambda: [r["model"] for r in server.request("GET", "/v1/status").json()["registrations"]]
+               == ["encoder"], "plain removed")
+    pinned = server.request("POST", "/v1/checkpoints/solo", None, {"X-Loom-Session": source})
+    assert pinned.status == 201, pinned.body
+    assert pinned.json()["model"] == "encoder" and pinned.json()["position"] == K
+    suspended = server.request("POST", "/v1/checkpoints/solo/suspend")
+    assert suspended.status == 200 and suspended.json()["model"] == "encoder", suspended.body
+    forked, _ = fork(server, "solo", K, IDS[K:K + 3])   # the pin is encoder's, as if named
+    assert forked != source
+    deleted = server.request("DELETE", "/v1/checkpoints/solo")
+    assert deleted.status == 200 and deleted.json() == {"object": "checkpoint", "name": "solo", "model": "encoder",
+                                                        "deleted": True}, deleted.body
+    assert server.request("DELETE", "/v1/checkpoints/solo").status == 404

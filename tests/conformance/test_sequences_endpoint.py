@@ -9,11 +9,11 @@ little-endian [tokens, 576]. They are checked three ways:
 
 * **Framing.** attached/chunk/done with consistent positions; one chunk per step, so a
   40-id request with a 16-token step budget arrives as 16 + 16 + 8.
-* **Retained state.** Appending ids[k:] to the handle of ids[:k] gives the same hidden
-  states as one request with all ids (bound 1e-5; measured: bit-identical, since every
-  kernel's result for a token depends only on that token's inputs and its row's cache,
-  never on what else shares the step). Two requests that share steps also equal their
-  results alone.
+* **Retained state.** A first request and three appends to its handle (each at the exact
+  completed position, across step and page boundaries) give chunk bytes that, concatenated,
+  are byte for byte those of one request with all ids: every kernel's result for a token
+  depends only on that token's inputs and its row's cache, never on what else shares the
+  step. Two requests that share steps also equal their results alone (bound 1e-5).
 * **Reference.** transformers' `AutoModelForCausalLM` loaded from the same GGUF in float32
   (`model.model(ids).last_hidden_state`, the state after the final norm; the same array as
   `output_hidden_states=True`'s last entry). Both dequantize the same q4_1/q8_0 blocks
@@ -29,6 +29,7 @@ little-endian [tokens, 576]. They are checked three ways:
 
 from __future__ import annotations
 
+import base64
 import threading
 from pathlib import Path
 from typing import Any
@@ -120,21 +121,48 @@ def test_hidden_states_match_transformers(whole, reference):
     assert diff <= RELATIVE_BOUND * scale, f"max |ours - ref| = {diff:.3g}, max |ref| = {scale:.3g}"
 
 
-def test_an_append_continues_from_the_retained_state(server, whole):
-    k = 13
-    status, first = sequence(server, {"model": "encoder", "position": 0, "token_ids": IDS[:k]})
-    assert status == 200, first
-    handle, head, _ = checked(first, IDS[:k])
+def chunk_bytes(events: list[tuple[str, dict[str, Any]]]) -> bytes:
+    """The opaque bytes of a stream's chunks, in order, exactly as sent (base64-decoded)."""
+    return b"".join(base64.b64decode(e["data"], validate=True) for kind, e in events if kind == "chunk")
+
+
+# A first request and three appends: 5 | 4 | 21 (a 16-id step, then 5) | 10 ids. The appends
+# start at positions 5, 9 and 30, mid-page (16 positions a page), and their steps (9-25, 30-40)
+# straddle the page boundaries at 16 and 32, where the whole request's steps (0-16, 16-32,
+# 32-40) end exactly on them.
+SPLITS = [0, 5, 9, 30, len(IDS)]
+
+
+def test_three_appends_give_the_bytes_of_one_request(server, whole):
+    status, events = sequence(server, {"model": "encoder", "position": 0, "token_ids": IDS[:SPLITS[1]]})
+    assert status == 200, events
+    handle = checked(events, IDS[:SPLITS[1]])[0]
     assert handle != whole[0]
-    status, second = sequence(server, {"model": "encoder", "session": handle, "position": k, "token_ids": IDS[k:]})
-    assert status == 200, second
-    _, tail, sizes = checked(second, IDS[k:], position=k, session=handle)
-    assert sizes == [16, 11]
-    split = np.concatenate([head, tail])
-    assert np.abs(split - whole[1]).max() <= 1e-5
-    # Without the retained state the tail's states are different: the append did use it.
-    status, alone = sequence(server, {"model": "encoder", "position": 0, "token_ids": IDS[k:k + 4]})
-    assert np.abs(checked(alone, IDS[k:k + 4])[1] - whole[1][k:k + 4]).max() > 1e-2
+    streams = [events]
+    for at, end in zip(SPLITS[1:-1], SPLITS[2:]):    # three appends to the same handle
+        status, events = sequence(server, {"model": "encoder", "session": handle, "position": at,
+                                           "token_ids": IDS[at:end]})
+        assert status == 200, events
+        _, _, sizes = checked(events, IDS[at:end], position=at, session=handle)
+        assert sizes == [min(STEP, end - at - i) for i in range(0, end - at, STEP)]
+        streams.append(events)
+    assert len(streams) == 4
+    split = b"".join(chunk_bytes(e) for e in streams)
+    status, events = sequence(server, {"model": "encoder", "position": 0, "token_ids": IDS})
+    assert status == 200, events
+    at_once = chunk_bytes(events)
+    assert len(split) == len(at_once) == 4 * DIM * len(IDS)
+    if split != at_once:
+        a = np.frombuffer(split, "<f4").reshape(len(IDS), DIM)
+        b = np.frombuffer(at_once, "<f4").reshape(len(IDS), DIM)
+        rows = sorted({int(r) for r in np.nonzero((a != b).any(axis=1))[0]})
+        raise AssertionError(f"chunk bytes differ at positions {rows}: max |split - whole| = "
+                             f"{float(np.abs(a - b).max()):.3g}")
+    # Without the retained state the same ids give other states: the appends did use it.
+    at = SPLITS[2]
+    status, alone = sequence(server, {"model": "encoder", "position": 0, "token_ids": IDS[at:at + 4]})
+    assert status == 200, alone
+    assert np.abs(checked(alone, IDS[at:at + 4])[1] - whole[1][at:at + 4]).max() > 1e-2
 
 
 def test_requests_that_share_steps_equal_their_results_alone(server, whole):
@@ -184,6 +212,7 @@ def test_stale_position_unknown_handle_and_limits(server, whole):
     ({"model": "encoder", "session": 7, "position": 0, "token_ids": [1]}, "session"),
     ({"model": "encoder", "session": None, "position": 0, "token_ids": [1]}, "session"),
     ({"model": "encoder", "session": "not-a-handle", "position": 0, "token_ids": [1]}, "session"),
+    ({"model": "encoder", "session": "ab" * 16 + "\n", "position": 0, "token_ids": [1]}, "session"),
     ({"model": "encoder", "position": 0, "token_ids": [1], "options": []}, "options"),
     ({"model": "encoder", "position": 0, "token_ids": [1], "stream": True}, "stream"),
     ({"model": 3, "position": 0, "token_ids": [1]}, "model"),

@@ -60,6 +60,7 @@ def test_single_module_is_not_a_package():
     ("package:gguf/a\\b", "backslash"),
     ("package:gguf.x/y", "is not a top-level module name"),
     ("package:../x", "is not a top-level module name"),
+    ("package:gguf\n/x", "is not a top-level module name"),
     ("gguf/x", "is not a package locator"),
 ])
 def test_malformed_locators(locator, fragment):
