@@ -216,7 +216,11 @@ class Registry:
             if reg.removing:
                 return
             self._set_phase(reg, "compiling")
-            ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir)
+            try:
+                ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir)
+            except NotImplementedFeature as exc:   # the device's target has no runnable back end yet
+                raise NotImplementedFeature(f"model '{doc.model}' cannot run on {device.name}: {exc.message}",
+                                            param="device") from None
             host_sizes(ex, doc)  # a state layout the host cannot size fails now, not at first use
             tokenizer = self._load_tokenizer(reg) if doc.tokenizer is not None else None
             kind_module = serving_module(doc.kind, set(ex.programs))
@@ -432,7 +436,7 @@ class Registry:
     # ---- residency ------------------------------------------------------------------------------
 
     def _component(self, reg: Registration, component: Any) -> Component:
-        if not isinstance(component, str) or not COMPONENT_NAME.match(component):
+        if not isinstance(component, str) or not COMPONENT_NAME.fullmatch(component):
             raise InvalidRequest(f"component: expected a component name such as \"primary\", got {component!r}",
                                  param="component")
         if component not in reg.declared_components():

@@ -362,7 +362,8 @@ def specialize(checked: CheckedProgram, name: str) -> CommandPlan:
 
 
 def compile_command(checked: CheckedProgram, name: str, target: str = "cpu", cache_dir=None):
-    """The runnable `CommandProgram` of command `name` for `target` (only "cpu" so far)."""
+    """The runnable `CommandProgram` of command `name` for `target` (only "cpu" so far:
+    "cuda" raises `loomrt.errors.NotImplementedFeature`, see `compile_kernels`)."""
     from loomrt.dispatch import CommandProgram
 
     plan = specialize(checked, name)
@@ -370,8 +371,16 @@ def compile_command(checked: CheckedProgram, name: str, target: str = "cpu", cac
 
 
 def compile_kernels(groups: dict[str, ir.KernelGroup], target: str = "cpu", cache_dir=None) -> dict[str, Any]:
+    """Launchers for `groups` on `target`. Only "cpu" runs command programs so far: "cuda"
+    kernels render (`loomc emit --target cuda`, `loomrt.cuda`), but no command program
+    dispatches them, so asking for it is `NotImplementedFeature` (501), not a caller error."""
+    if target == "cuda":
+        from loomrt.errors import NotImplementedFeature
+
+        raise NotImplementedFeature("target 'cuda' is not built yet: command programs (stage dispatch "
+                                    "and weight binding) run only on the 'cpu' target so far")
     if target != "cpu":
-        raise ValueError(f"target '{target}' is not built yet; only 'cpu' is")
+        raise ValueError(f"unknown target {target!r}; the targets are 'cpu' and 'cuda'")
     from loomc.lower.numba import compile_group
 
     return {key: compile_group(group, cache_dir) for key, group in groups.items()}

@@ -3,11 +3,11 @@ fork or rewind from a checkpoint, judged against a fresh replay on a twin deploy
 
 from __future__ import annotations
 
-import threading
-import time
+import select
 
 import pytest
 
+from loomd_process import read_response
 from scout_daemon import chat, open_stream, scheduler, scout_document, start_scout, wait_until
 
 FIRST = [{"role": "user", "content": "Remember the number seven."}]
@@ -104,25 +104,39 @@ def test_capacity_exhausted_is_503(server):
         assert control(server, "DELETE", f"/v1/checkpoints/{name}").status == 200
 
 
+def answered(s) -> bool:
+    """Whether anything (a response, or the server closing) has come back on `s`: no waiting."""
+    readable, _, _ = select.select([s], [], [], 0)
+    return bool(readable)
+
+
 def test_pin_and_suspend_wait_for_admission_to_reopen_and_delete_does_not(server):
     assert ask(server, "scout", FIRST, **{"X-Loom-Session": "w"}).status == 200
     assert control(server, "POST", "/v1/checkpoints/kw0", **{"X-Loom-Session": "w"}).status == 201
     admin = {"Content-Type": "application/json"}
     assert server.request("POST", "/v1/models/drain", '{"model":"scout"}', admin).status == 200
-    results = {}
+    # The pin goes out whole on its own connection and is left unread. The server exposes no
+    # count of admission waiters, so "it waits" is checked by order, not by time: the pin's
+    # bytes reach the server before the DELETE's connection even opens, and once the DELETE
+    # is answered nothing has come back on the pin's connection. A server that holds pins
+    # while drained always passes this; one that answered them has, in practice, written its
+    # answer by then (the pin's bytes reached the same event loop first). Nothing sleeps.
+    waiter = server.connect(timeout=60)
     try:
-        def pin():
-            results["pin"] = control(server, "POST", "/v1/checkpoints/kw1", **{"X-Loom-Session": "w"})
-
-        waiter = threading.Thread(target=pin)
-        waiter.start()
-        assert control(server, "DELETE", "/v1/checkpoints/kw0").status == 200   # deletion is not held
-        time.sleep(1.0)
-        assert waiter.is_alive() and "pin" not in results   # still waiting while drained
+        try:
+            waiter.sendall(b"POST /v1/checkpoints/kw1 HTTP/1.1\r\nHost: loom\r\nConnection: close\r\n"
+                           b"X-Loom-Model: scout\r\nX-Loom-Session: w\r\n\r\n")
+            assert control(server, "DELETE", "/v1/checkpoints/kw0").status == 200   # deletion is not held
+            assert not answered(waiter)                                           # the pin still waits
+            assert control(server, "DELETE", "/v1/checkpoints/kw1").status == 404   # and has pinned nothing
+            assert not answered(waiter)
+        finally:
+            assert server.request("POST", "/v1/models/undrain", '{"model":"scout"}', admin).status == 200
+        pinned = read_response(waiter)              # answered once admission reopened
     finally:
-        assert server.request("POST", "/v1/models/undrain", '{"model":"scout"}', admin).status == 200
-    waiter.join(60)
-    assert results["pin"].status == 201, results["pin"].body
+        waiter.close()
+    assert pinned.status == 201, pinned.body
+    assert pinned.json()["name"] == "kw1" and pinned.json()["session"] == "w"
     assert control(server, "DELETE", "/v1/checkpoints/kw1").status == 200
 
 

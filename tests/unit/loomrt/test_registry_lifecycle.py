@@ -5,7 +5,8 @@ state, and step failures confined to their job.
 
 Jobs are held "in flight" deterministically with `Gate`: its `on_step` callback runs on the
 service's worker after a job's first step, signals `reached`, and blocks until the test sets
-`release`. Nothing here sleeps to wait for state."""
+`release`. A registration is held in a phase the same way by `PhaseGate`, a registry listener
+that blocks the worker emitting that phase's event. Nothing here sleeps to wait for state."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from loomrt.devices import Devices
-from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomError, NotFound, PrepareError,
-                           QueueFull, StageInputError, Unavailable)
+from loomc.lower.commands import compile_kernels
+from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomError, NotFound, NotImplementedFeature,
+                           PrepareError, QueueFull, StageInputError, Unavailable)
 from loomrt.registry import Registry
 from loomrt.services.base import Job, Step
 from mini_package import DIM, MINI, mini_document, mini_weights
@@ -59,6 +61,39 @@ def gates(registry):
     yield make
     for gate in made:
         gate.release.set()
+
+
+class PhaseGate:
+    """A registry listener that holds the worker thread emitting `event` for `model` (the first
+    time only): listeners run on the thread that changed the phase, after the change, so the
+    registration stays in that phase, with its work not yet done, until the test sets `release`."""
+
+    def __init__(self, model, event):
+        self.model, self.event = model, event
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, record):
+        if record["model"] == self.model and record["event"] == self.event and not self.reached.is_set():
+            self.reached.set()
+            if not self.release.wait(TIMEOUT):
+                raise RuntimeError("the test never released the phase gate")
+
+
+@pytest.fixture
+def phase_gates(registry):
+    """PhaseGates listening on the registry, released at teardown (before the registry closes)."""
+    made: list[PhaseGate] = []
+
+    def make(model, event) -> PhaseGate:
+        made.append(PhaseGate(model, event))
+        registry.listeners.append(made[-1])
+        return made[-1]
+
+    yield make
+    for gate in made:
+        gate.release.set()
+        registry.listeners.remove(gate)
 
 
 def ready(registry, reg):
@@ -189,6 +224,70 @@ def test_source_compile_error_fails_the_registration_with_its_position(registry,
     assert f"model.loom:{line_no}:{column}" in error.message
     assert "no_such_bias" in error.message
     assert phases(registry, "broken") == ["registering", "compiling", "failed"]
+
+
+@pytest.mark.parametrize("mode", ["drain", "abort"])
+def test_an_unknown_device_fails_the_registration_while_registering(registry, tmp_path, mode):
+    reg = registry.register(mini_document(tmp_path, model="far", device=3))   # this registry has only the cpu
+    error = failed(registry, reg)
+    assert isinstance(error, NotFound) and error.status == 404 and error.param == "device"
+    assert "device 3 is not available (this server has: cpu;" in error.message
+    assert phases(registry, "far") == ["registering", "failed"]        # it never got to compile
+    assert reg.executables is None and reg.components == {}
+
+    # unregistering a failed registration frees its name (nothing was accepted, so either mode)
+    assert registry.unregister("far", mode).result(TIMEOUT) == "far"
+    assert phases(registry, "far")[-2:] == ["removing", "removed"]
+    with pytest.raises(NotFound):
+        registry.get("far")
+    again = register_ready(registry, tmp_path, "far")                  # the same name, on the cpu
+    w, b = weights(tmp_path)
+    x = inputs(3)
+    assert_affine(registry.submit("far", affine_job(x)).result(TIMEOUT), [x], w, b)
+    assert again.error is None and entry(registry, "far")["error"] is None
+
+
+def test_a_compile_failure_is_unregistered_and_the_name_registers_again(registry, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(MINI, broken)
+    (broken / "model.loom").write_text((MINI / "model.loom").read_text().replace("add_bias(y, b)",
+                                                                                 "add_bias(y, nothing)"))
+    reg = registry.register(mini_document(tmp_path, model="m", sources=[str(broken / "model.loom")]))
+    assert isinstance(failed(registry, reg), CompileError)
+    assert registry.unregister("m", "abort").result(TIMEOUT) == "m"
+    assert phases(registry, "m") == ["registering", "compiling", "failed", "removing", "removed"]
+    register_ready(registry, tmp_path, "m")
+    w, b = weights(tmp_path)
+    x = inputs(4)
+    assert_affine(registry.submit("m", affine_job(x)).result(TIMEOUT), [x], w, b)
+
+
+def test_cuda_target_is_not_implemented_by_the_command_compiler():
+    """No GPU needed: the refusal comes from compiling, before anything would launch."""
+    with pytest.raises(NotImplementedFeature) as caught:
+        compile_kernels({}, "cuda")
+    assert caught.value.status == 501 and caught.value.code == "not_implemented"
+    assert "target 'cuda' is not built yet" in caught.value.message
+    assert "command programs" in caught.value.message and "'cpu'" in caught.value.message
+    with pytest.raises(ValueError, match="unknown target 'tpu'"):
+        compile_kernels({}, "tpu")
+    assert compile_kernels({}, "cpu") == {}
+
+
+def test_a_registration_on_a_cuda_device_fails_naming_what_is_not_built(tmp_path):
+    """A listed CUDA ordinal (as CuPy would report it; no GPU is touched): compiling for its
+    target fails the registration with 501 not_implemented, kept on the registration."""
+    registry = Registry(Devices(cuda={0: 1 << 30}))
+    try:
+        reg = registry.register(mini_document(tmp_path, model="g", device=0))
+        error = failed(registry, reg)
+        assert isinstance(error, NotImplementedFeature) and error.status == 501
+        assert error.code == "not_implemented" and error.param == "device"
+        assert error.message.startswith("model 'g' cannot run on cuda:0: target 'cuda' is not built yet")
+        assert phases(registry, "g") == ["registering", "compiling", "failed"]
+        assert "g/primary" not in registry.devices.accounting(0)[0]["owners"]
+    finally:
+        registry.close(timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("fields, fragment, param", [
@@ -372,6 +471,64 @@ def test_abort_after_drain_upgrades_the_removal(registry, tmp_path, gates):
     assert removed.result(TIMEOUT) == "m"
     assert [e["mode"] for e in registry.events if e["model"] == "m" and e["event"] == "removing"] == \
         ["drain", "abort"]
+
+
+@pytest.mark.parametrize("mode", ["drain", "abort"])
+@pytest.mark.parametrize("held", ["compiling", "preparing"])
+def test_unregister_while_compiling_or_preparing_removes_it_once_the_work_returns(registry, tmp_path, phase_gates,
+                                                                                   held, mode):
+    gate = phase_gates("m", held)
+    document = mini_document(tmp_path, model="m")
+    reg = registry.register(document)
+    assert gate.reached.wait(TIMEOUT)
+    assert reg.phase == held
+
+    removed = registry.unregister("m", mode)
+    status = entry(registry, "m")
+    assert status["phase"] == "removing" and status["removing"] == mode
+    assert registry.models() == []
+    with pytest.raises(Unavailable, match="being removed"):
+        registry.submit("m", affine_job(inputs(0)))
+    with pytest.raises(Conflict, match="being removed"):
+        registry.register(document)
+    assert not removed.done()            # removal joins the held compile/prepare work first
+
+    gate.release.set()
+    assert removed.result(TIMEOUT) == "m"
+    before = ["registering", "compiling"] + (["preparing"] if held == "preparing" else [])
+    assert phases(registry, "m") == before + ["removing", "removed"]    # never ready, never failed
+    assert reg.service is None and reg.error is None
+    assert all(c.retired and not c.resident for c in reg.components.values())
+    assert "m/primary" not in registry.devices.accounting("cpu")[0]["owners"]
+    with pytest.raises(NotFound):
+        registry.get("m")
+
+    again = ready(registry, registry.register(document))
+    w, b = weights(tmp_path)
+    x = inputs(25)
+    assert_affine(registry.submit("m", affine_job(x)).result(TIMEOUT), [x], w, b)
+    assert again.components["primary"].loads == 1
+
+
+@pytest.mark.parametrize("mode", ["drain", "abort"])
+def test_unregister_of_a_deferred_registration_frees_the_name(registry, tmp_path, mode):
+    document = mini_document(tmp_path, model="d", admission="drained")
+    reg = settled(registry, registry.register(document))
+    assert reg.phase == "deferred"
+    assert registry.unregister("d", mode).result(TIMEOUT) == "d"
+    assert phases(registry, "d") == ["registering", "compiling", "deferred", "removing", "removed"]
+    assert reg.components["primary"].loads == 0 and reg.components["primary"].retired
+    assert "d/primary" not in registry.devices.accounting("cpu")[0]["owners"]
+    with pytest.raises(NotFound):
+        registry.get("d")
+
+    again = settled(registry, registry.register(document))     # drained again: deferred again
+    assert again.phase == "deferred" and again is not reg
+    registry.undrain("d")
+    ready(registry, again)
+    w, b = weights(tmp_path)
+    x = inputs(26)
+    assert_affine(registry.submit("d", affine_job(x)).result(TIMEOUT), [x], w, b)
 
 
 def test_unregister_rejects_unknown_names_and_modes(registry, tmp_path):

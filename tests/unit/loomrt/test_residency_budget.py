@@ -11,13 +11,14 @@ import threading
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from loomrt.devices import CATEGORIES, Devices
 from loomrt.errors import (CheckpointError, Conflict, DeviceMemoryExhausted, InvalidRequest, NotFound,
                            Unavailable)
 from loomrt.registry import Registry
 from loomrt.services.base import Job, Step
-from mini_package import DIM, mini_document, mini_weights
+from mini_package import DIM, mini_document, mini_image_document, mini_weights
 
 TIMEOUT = 60
 
@@ -317,3 +318,59 @@ def test_residency_operations_refuse_a_failed_registration(unbudgeted, tmp_path)
         with pytest.raises(Conflict) as caught:
             op("f")
         assert "failed" in caught.value.message and "healthy" in caught.value.message
+
+
+def test_a_declared_image_component_activates_deactivates_and_pins_on_its_own(unbudgeted, tmp_path):
+    """`image` is its own resident unit: its own prepare program and checkpoint, its own ledger
+    owner (`model/image`), pinned, trimmed and (de)activated independently of `primary`."""
+    registry = unbudgeted
+    document, scale = mini_image_document(tmp_path, model="v", admission="drained")
+    reg = registry.register(document)
+    assert registry.wait_for(lambda: reg.phase in ("deferred", "failed"), TIMEOUT), reg.phase
+    assert reg.phase == "deferred", reg.error
+    primary, image = reg.components["primary"], reg.components["image"]
+
+    def described():
+        [found] = [r for r in registry.status()["registrations"] if r["model"] == "v"]
+        return {c["component"]: c for c in found["components"]}
+
+    assert list(described()) == ["primary", "image"]
+    assert [c["resident"] for c in described().values()] == [False, False]
+
+    registry.activate("v", "image").result(TIMEOUT)
+    assert image.resident and image.loads == 1 and image.nbytes == scale.nbytes
+    np.testing.assert_array_equal(image.params["v"], scale)     # prepared from its own checkpoint
+    assert reg.phase == "deferred" and not primary.resident      # the primary is not prepared with it
+    assert described()["image"] == {"component": "image", "device": "cpu", "resident": True, "pinned": False,
+                                    "bytes": scale.nbytes, "in_use": False, "activations": 1}
+    owners = cpu(registry)["owners"]
+    assert owners["v/image"] == {"params": scale.nbytes} and "v/primary" not in owners
+
+    registry.pin("v", "image")
+    assert described()["image"]["pinned"] is True and described()["primary"]["pinned"] is False
+    registry.trim("cpu", 0)
+    assert image.resident                                        # pinned: trim leaves it
+    registry.unpin("v", "image")
+    [accounting] = registry.trim("cpu", 0)
+    assert not image.resident and "v/image" not in accounting["owners"]
+    assert [(e["event"], e["component"]) for e in registry.events
+            if e["model"] == "v" and "component" in e] == [("activated", "image"), ("pinned", "image"),
+                                                            ("unpinned", "image")]
+
+    registry.activate("v", "image").result(TIMEOUT)              # once per activation
+    assert image.resident and image.loads == 2
+    registry.deactivate("v", "image").result(TIMEOUT)
+    assert not image.resident and image.loads == 2 and "v/image" not in cpu(registry)["owners"]
+    assert [e["event"] for e in registry.events if e["model"] == "v"][-1] == "deactivated"
+
+    registry.activate("v").result(TIMEOUT)                       # the primary prepares its service
+    assert registry.wait_for(lambda: reg.phase in ("ready", "failed"), TIMEOUT)
+    assert reg.phase == "ready" and primary.resident and primary.loads == 1 and not image.resident
+    registry.undrain("v")
+    with pytest.raises(Conflict, match="drain it"):              # the drained precondition holds for image too
+        registry.activate("v", "image")
+    weights = load_file(str(tmp_path / "mini.safetensors"))     # what mini_document wrote for the primary
+    w, b = weights["proj.weight"], weights["proj.bias"]
+    x = np.random.default_rng(12).standard_normal((2, DIM)).astype(np.float32)
+    [out] = registry.submit("v", Job([Step("affine", {"x": x})])).result(TIMEOUT)
+    np.testing.assert_allclose(out["y"], x @ w.T + b, rtol=1e-5, atol=1e-5)
