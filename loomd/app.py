@@ -18,7 +18,7 @@ from aiohttp import web
 
 from loomd.errors import error_response, loom_error_response, unexpected_error_response
 from loomd.framing import reject_expect
-from loomd.logz import Journal
+from loomd.logz import RETAINED, Journal
 from loomd.metrics import Metrics
 from loomrt.errors import LoomError
 from loomrt.registry import Registry
@@ -33,6 +33,7 @@ DEFAULT_CONNECTIONS = 256
 class Settings:
     request_body_bytes: int = DEFAULT_REQUEST_BODY_BYTES
     connections: int = DEFAULT_CONNECTIONS
+    log_retention: int = RETAINED        # /logz journal entries kept
     started: float = field(default_factory=time.time)
     stopping: bool = False
 
@@ -108,7 +109,7 @@ def make_app(registry: Registry, settings: Settings | None = None) -> web.Applic
     app = web.Application(middlewares=[error_middleware], client_max_size=settings.request_body_bytes)
     app[REGISTRY] = registry
     app[SETTINGS] = settings
-    app[JOURNAL] = Journal()
+    app[JOURNAL] = Journal(settings.log_retention)
     app[METRICS] = Metrics(registry)
     app.on_response_prepare.append(_remember_status)
     registry.listeners.append(app[JOURNAL].publish_threadsafe)

@@ -4,7 +4,7 @@ With no documents it registers the bundled samples (`samples/*/model.json`) whos
 are installed (a `package:` checkpoint locator that resolves); the others are listed as
 skipped. SIGINT/SIGTERM stop admission (`/readyz` turns 503), let accepted work finish
 (for at most `--grace` seconds, then it is aborted at a step boundary), release every
-registration and exit 0.
+registration and exit 0. `--log-retention` bounds the `/logz` journal (entries kept).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from loomd.logz import RETAINED
 from loomrt.errors import LoomError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
@@ -63,7 +64,7 @@ def bundled_documents() -> list[tuple[Path, str | None]]:
 
 
 async def _serve(documents: tuple[str, ...], listen: tuple[str, ...], request_body_bytes: int, connections: int,
-                 device_memory: dict, grace: float) -> None:
+                 device_memory: dict, grace: float, log_retention: int = RETAINED) -> None:
     from aiohttp import web
 
     from loomd.app import Settings, make_app
@@ -72,7 +73,7 @@ async def _serve(documents: tuple[str, ...], listen: tuple[str, ...], request_bo
     from loomrt.registry import Registry
 
     registry = Registry(Devices(device_memory))
-    settings = Settings(request_body_bytes=request_body_bytes, connections=connections)
+    settings = Settings(request_body_bytes=request_body_bytes, connections=connections, log_retention=log_retention)
     app = make_app(registry, settings)
     runner = JsonErrorRunner(app, handle_signals=False, access_log=None, max_connections=connections,
                              handler_cancellation=True)
@@ -123,14 +124,17 @@ def main() -> None:
 @click.option("--device-memory", "device_memory", multiple=True, help="DEVICE=BYTES memory budget (repeatable)")
 @click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
               help="seconds accepted work may take to finish at shutdown before it is aborted")
+@click.option("--log-retention", "--log_retention", "log_retention", type=click.IntRange(1), default=RETAINED,
+              show_default=True, help="log journal entries kept for /logz and /logz/stream; a cursor older "
+                                      "than that gets a gap record")
 def serve(documents: tuple[str, ...], listen: tuple[str, ...], request_body_bytes: int, connections: int,
-          device_memory: tuple[str, ...], grace: float) -> None:
+          device_memory: tuple[str, ...], grace: float, log_retention: int) -> None:
     """Serve model documents (default: the installed bundled samples) over HTTP."""
     for value in listen:
         parse_listen(value)
     budgets = parse_device_memory(device_memory)
     try:
-        asyncio.run(_serve(documents, listen, request_body_bytes, connections, budgets, grace))
+        asyncio.run(_serve(documents, listen, request_body_bytes, connections, budgets, grace, log_retention))
     except OSError as exc:
         click.echo(f"loomd: {exc}", err=True)
         sys.exit(1)

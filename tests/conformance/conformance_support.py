@@ -4,7 +4,9 @@ test directories, so nothing imports from it)."""
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import os
 import socket
 import sys
 import time
@@ -37,6 +39,63 @@ def wait_ready(server: Daemon, names: list[str], timeout: float = 120.0) -> bool
             raise AssertionError(json.dumps(status, indent=1))
         time.sleep(0.05)  # poll interval; the deadline bounds the wait
     return False
+
+
+# ---- work held in flight: a registration whose preparation waits on its checkpoint ---------------
+
+HOLD_DEADLINE_S = 60.0
+HOLD_POLL_S = 0.02
+
+
+class HeldCheckpoint:
+    """A checkpoint path that is a FIFO, so a registration naming it is real work held in flight:
+    its build worker compiles the document, then blocks in preparation reading the checkpoint's
+    first bytes (`open_checkpoint`) for as long as the test wants.
+
+    `wait_reader()` polls (with a deadline) until the worker has opened the FIFO (a non-blocking
+    open for writing succeeds only once a reader has it open) and keeps that writing end, so
+    the worker's read blocks on it. `release()` writes a GGUF magic: the worker then maps the
+    "file", which a FIFO cannot be, and the preparation fails at once (`checkpoint_error`).
+    Keep the writing end until that failure was observed (the mapping reopens the FIFO, which
+    must not block for want of a writer); `close()` drops it. Cheap: the mini model compiles in
+    well under a second and nothing is loaded."""
+
+    MAGIC = b"GGUF"
+
+    def __init__(self, path: Path):
+        os.mkfifo(path)
+        self.path = path
+        self.fd: int | None = None
+        self.released = False
+
+    def wait_reader(self, timeout: float = HOLD_DEADLINE_S) -> None:
+        deadline = time.monotonic() + timeout
+        while self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:   # ENXIO: nobody has the FIFO open for reading yet
+                    raise
+                assert time.monotonic() < deadline, f"no worker opened {self.path} for reading"
+                time.sleep(HOLD_POLL_S)  # poll interval; the deadline bounds the wait
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:   # never read: take the path away, so a late reader fails instead of blocking
+                self.path.unlink(missing_ok=True)
+                return
+        os.write(self.fd, self.MAGIC)
+
+    def close(self) -> None:
+        self.release()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 # ---- known-token sequences: the encoder sample and /v1/sequences SSE over a socket ---------------
@@ -184,7 +243,10 @@ def sequence(server: Daemon, body: Any, headers: dict[str, str] | None = None) -
     s = SequenceStream(server, body, headers)
     try:
         if s.status != 200:
-            return s.status, json.loads(s.body())
+            error = json.loads(s.body())
+            if s.status >= 400:
+                server.assert_healthy()   # still serving after the rejection (same TCP listener)
+            return s.status, error
         assert s.headers["content-type"].startswith("text/event-stream")
         return 200, s.events()
     finally:

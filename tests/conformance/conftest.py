@@ -3,6 +3,7 @@
 `daemon` is one server per test module, serving the `mini` package (tests/unit/loomrt/fixtures/mini)
 under the names `mini` and `spare`; tests that remove or reconfigure deployments register their
 own names so they do not disturb each other. The server must still answer `/healthz` after
+every rejected request (`Daemon.request`/`raw` probe it after each status >= 400) and after
 every test, and must exit 0 on SIGTERM."""
 
 from __future__ import annotations
@@ -37,5 +38,4 @@ def still_healthy(request):
     """After every conformance test the server still answers /healthz."""
     yield
     if "daemon" in request.fixturenames:
-        server = request.getfixturevalue("daemon")
-        assert server.request("GET", "/healthz").json() == {"status": "ready"}
+        request.getfixturevalue("daemon").assert_healthy()

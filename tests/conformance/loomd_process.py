@@ -3,7 +3,13 @@
 `Daemon.start(tmp, documents)` launches `python -m loomd serve ...`, waits (with a deadline)
 for the lines that announce its listeners, and `stop()` sends SIGTERM and checks it exits 0.
 `request(...)` speaks HTTP/1.1 over a fresh socket (TCP or Unix) and returns status, headers
-and body, so tests can also send framing no client library would produce (`raw`)."""
+and body, so tests can also send framing no client library would produce (`raw`).
+
+After every response with status >= 400, `request` and `raw` probe `GET /healthz` on the same
+daemon and listener and assert it answers 200 `{"status":"ready"}`: the server keeps serving
+after each rejected request, not just at the end of a test. Tests that read responses from
+their own sockets call `assert_healthy()` themselves; `check_health=False` skips the probe
+where a refusal is expected to outlast the request (the connection bound's 503)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 START_DEADLINE_S = 120.0
+HEALTH_TIMEOUT_S = 30.0    # bound on the /healthz probe after a rejected request
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: loom\r\nConnection: close\r\n\r\n"
 
 
 @dataclass
@@ -99,7 +107,8 @@ class Daemon:
             self.output.append(chunk.decode("utf-8", "replace"))
 
     def request(self, method: str, path: str, body: bytes | str | dict | None = None,
-                headers: dict[str, str] | None = None, *, unix: bool = False, timeout: float = 60) -> Response:
+                headers: dict[str, str] | None = None, *, unix: bool = False, timeout: float = 60,
+                check_health: bool = True) -> Response:
         if isinstance(body, dict):
             body = json.dumps(body)
         if isinstance(body, str):
@@ -111,7 +120,7 @@ class Daemon:
             head["Content-Type"] = "application/json"
         lines = [f"{method} {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in head.items()]
         raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
-        return self.raw(raw, unix=unix, timeout=timeout)
+        return self.raw(raw, unix=unix, timeout=timeout, check_health=check_health)
 
     def connect(self, *, unix: bool = False, timeout: float = 60) -> socket.socket:
         if unix:
@@ -123,15 +132,26 @@ class Daemon:
         return s
 
     def raw(self, data: bytes | list[bytes], *, unix: bool = False, timeout: float = 60,
-            shutdown_write: bool = False) -> Response:
+            shutdown_write: bool = False, check_health: bool = True) -> Response:
         """Send bytes (a list is sent piece by piece), read until the server closes or the
-        response is complete, and parse one HTTP/1.1 response."""
+        response is complete, and parse one HTTP/1.1 response. A rejection (status >= 400)
+        is followed by a /healthz probe on the same listener unless `check_health` is False."""
         with self.connect(unix=unix, timeout=timeout) as s:
             for piece in (data if isinstance(data, list) else [data]):
                 s.sendall(piece)
             if shutdown_write:
                 s.shutdown(socket.SHUT_WR)
-            return read_response(s)
+            response = read_response(s)
+        if check_health and response.status >= 400:
+            self.assert_healthy(unix=unix, after=response)
+        return response
+
+    def assert_healthy(self, *, unix: bool = False, after: Response | None = None) -> None:
+        """`GET /healthz` on a fresh connection to this daemon answers 200 {"status":"ready"}."""
+        probe = self.raw(HEALTHZ, unix=unix, timeout=HEALTH_TIMEOUT_S, check_health=False)
+        rejected = f" after a {after.status} ({after.body[:200]!r})" if after is not None else ""
+        assert probe.status == 200, f"/healthz answered {probe.status}{rejected}: {probe.body!r}"
+        assert probe.json() == {"status": "ready"}, f"/healthz{rejected}: {probe.body!r}"
 
     def stop(self, timeout: float = 60) -> int:
         if self.process.poll() is None:

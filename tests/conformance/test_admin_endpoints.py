@@ -3,20 +3,24 @@
 Every test talks to the module's real `loomd` process (`daemon`, serving `mini` and `spare`).
 Tests that drain, evict, fail or remove a deployment register their own names, so `mini` and
 `spare` stay open and resident for the others (a test that drains `mini` reopens it).
-State changes are observed by polling `/v1/status` with a deadline.
+State changes are observed by polling `/v1/status` with a deadline. The shutdown test starts
+and stops its own `loomd`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 
 import pytest
 from safetensors.numpy import save_file
 
-from admin_http import (ORIGINAL, absolute_uses, assert_error, component, component_of, listed, poll, post,
-                        register, register_ready, registrations, wait_gone, wait_phase)
+from admin_http import (DEADLINE_S, ORIGINAL, absolute_uses, assert_error, component, component_of, listed, poll,
+                        post, register, register_ready, registrations, wait_gone, wait_phase)
+from conformance_support import HeldCheckpoint, write_document
+from loomd_process import Daemon
 from mini_package import mini_document, mini_weights
 
 MODEL_ROUTES = ("drain", "undrain", "unregister", "activate", "deactivate", "pin", "unpin")
@@ -32,6 +36,39 @@ def test_health_endpoints(daemon, path, unix):
     assert response.status == 200
     assert response.headers["content-type"].startswith("application/json")
     assert response.json() == {"status": "ready"}
+
+
+def test_readyz_is_503_while_the_server_stops_with_work_in_flight(tmp_path):
+    """SIGTERM closes admission but lets accepted work finish: while a registration's preparation
+    is still running (held reading its checkpoint, see `HeldCheckpoint`), loomd keeps listening,
+    `/readyz` answers 503 on both listeners while `/healthz` answers 200; once that work ends,
+    loomd exits 0."""
+    held = HeldCheckpoint(tmp_path / "held.gguf")
+    server = Daemon.start(tmp_path, [write_document(tmp_path, "held", checkpoint=str(held.path))])
+    try:
+        held.wait_reader()                     # its build worker is inside preparation, blocked
+        assert wait_phase(server, "held", "preparing", "ready", "failed")["phase"] == "preparing"
+        assert server.request("GET", "/readyz").json() == {"status": "ready"}
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + DEADLINE_S
+        while (response := server.request("GET", "/readyz")).status == 200:   # until the signal is handled
+            assert time.monotonic() < deadline, "/readyz still answers 200 after SIGTERM"
+            time.sleep(0.05)  # poll interval; the deadline bounds the wait
+        for unix in (False, True):
+            error = assert_error(server.request("GET", "/readyz", unix=unix), 503, "shutting down")
+            assert error["code"] == "unavailable" and error["type"] == "internal_error", error
+            health = server.request("GET", "/healthz", unix=unix)
+            assert health.status == 200 and health.json() == {"status": "ready"}
+        assert server.request("GET", "/v1/status").json()["server"]["stopping"] is True
+        assert server.process.poll() is None, "".join(server.output)   # the held work keeps it running
+        held.release()                         # the preparation fails at once, so the work ends
+        assert server.process.wait(timeout=DEADLINE_S) == 0, "".join(server.output)
+    finally:
+        held.release()
+        code = server.stop()
+        held.close()
+    assert code == 0, "".join(server.output)
+    assert "loomd: stopped" in "".join(server.output)
 
 
 # ---- discovery ------------------------------------------------------------------------------------
@@ -72,8 +109,13 @@ def test_created_is_the_registration_time(daemon, tmp_path):
     created = listed(daemon)["stamped"]["created"]
     assert before <= created <= after
     assert registrations(daemon)["stamped"]["created"] == created
-    # the timestamp is the registration's, not the listing's
-    time.sleep(1.1)
+    assert listed(daemon)["mini"]["created"] <= created      # registered at startup, before this one
+    # the timestamp is the registration's, not the listing's: list again once the clock (whole
+    # seconds, as `created` counts them) has moved past it
+    deadline = time.monotonic() + 10
+    while int(time.time()) <= created:
+        assert time.monotonic() < deadline, "the clock did not advance"
+        time.sleep(0.02)  # poll interval; the deadline bounds the wait
     assert listed(daemon)["stamped"]["created"] == created
     assert post(daemon, "/v1/models/unregister", {"model": "stamped"}).status == 202
     wait_gone(daemon, "stamped")

@@ -2,8 +2,10 @@
 
 Spec: http-profiles.md "Request framing" and "Uploaded source packages". Every refusal is a
 JSON error body `{"error": {"message", "type", "code", ...}}` with Content-Type
-application/json, and the server keeps serving afterwards (the autouse fixtures check
-/healthz after every test, for the extra daemons of this module too)."""
+application/json, and the server keeps serving afterwards: `Daemon.raw`/`request` probe
+/healthz after every rejected request, tests that read a refusal from their own socket call
+`assert_healthy` after each case, and the autouse fixtures check /healthz after every test,
+for the extra daemons of this module too."""
 
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def healthz_eventually(server: Daemon, timeout: float = 20.0) -> None:
     """/healthz answers 200 (a connection-bounded server may still be counting closed sockets)."""
     deadline = time.monotonic() + timeout
     while True:
-        response = server.request("GET", "/healthz")
+        response = server.request("GET", "/healthz", check_health=False)  # this is the probe
         if response.status == 200:
             assert response.json() == {"status": "ready"}
             return
@@ -134,7 +136,7 @@ def narrow_daemon(tmp_path_factory):
 def extra_daemons_still_healthy(request):
     yield
     if "small_daemon" in request.fixturenames:
-        assert request.getfixturevalue("small_daemon").request("GET", "/healthz").json() == {"status": "ready"}
+        request.getfixturevalue("small_daemon").assert_healthy()
     if "narrow_daemon" in request.fixturenames:
         healthz_eventually(request.getfixturevalue("narrow_daemon"))
 
@@ -247,6 +249,7 @@ def test_expect_is_refused_with_417_and_no_100_continue(daemon, case, unix):
         data = read_until_close(s)  # the server answers and closes without waiting for the body
     assert b"100 Continue" not in data and b" 100 " not in data.split(b"\r\n")[0], data
     assert_error(parse_one(data), 417, "expectation_failed")
+    daemon.assert_healthy(unix=unix)
 
 
 def test_expect_with_chunked_body_is_refused(daemon):
@@ -257,6 +260,7 @@ def test_expect_with_chunked_body_is_refused(daemon):
         data = read_until_close(s)
     assert b"100 Continue" not in data
     assert_error(parse_one(data), 417)
+    daemon.assert_healthy()
 
 
 # ---------------------------------------------------------------- body bound
@@ -277,6 +281,7 @@ def test_declared_length_over_the_limit_is_413_before_the_body(small_daemon, uni
         s.sendall(head)  # no body: the answer must not wait for it, and the connection closes
         data = read_until_close(s)
     assert_error(parse_one(data), 413, "request_too_large")
+    small_daemon.assert_healthy(unix=unix)
 
 
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
@@ -289,6 +294,7 @@ def test_chunked_body_growing_past_the_limit_is_413(small_daemon, unix):
             s.sendall(b"200\r\n" + b" " * 512 + b"\r\n")
         data = read_until_close(s)
     assert_error(parse_one(data), 413, "request_too_large")
+    small_daemon.assert_healthy(unix=unix)
 
 
 def test_multipart_upload_has_no_exception_from_the_limit(small_daemon, tmp_path):
@@ -468,12 +474,11 @@ def test_malformed_multipart_rejects_before_registration(daemon, tmp_path, frami
     build = cl_request if framing == "content-length" else chunked_request
     for name in MALFORMED:
         content_type, body = bodies[name]
-        response = daemon.raw(build("/v1/models/register", body, content_type=content_type))
         try:
+            response = daemon.raw(build("/v1/models/register", body, content_type=content_type))  # probes /healthz
             assert_error(response, 400)
         except AssertionError as exc:
             raise AssertionError(f"{name}: {exc}") from None
-        assert daemon.request("GET", "/healthz").status == 200, name
     assert registered(daemon) == before
 
 

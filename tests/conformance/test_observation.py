@@ -5,18 +5,22 @@ Log traffic comes from admission gate changes: every `POST /v1/models/undrain` o
 (already open, ready) `spare` deployment appends exactly one journal entry and changes
 nothing else, so tests know how many entries they made. Every SSE read runs under a socket
 timeout and an overall deadline, so a missing event fails the test instead of hanging it.
+Tests of shutdown and of a small journal retention start their own `loomd`.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
-from loomd_process import Daemon, Response
-from mini_package import mini_document
+from conformance_support import HeldCheckpoint, wait_ready, write_document
+from loomd_process import REPO, Daemon, Response
+from mini_package import MINI, mini_document
 from prometheus_client.parser import text_string_to_metric_families
 
 IO_TIMEOUT_S = 10.0        # bound on one socket read
@@ -26,11 +30,11 @@ POLL_S = 0.05
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-def make_entries(daemon: Daemon, n: int) -> list[int]:
-    """Append exactly `n` journal entries (gate changes on `spare`); their ids, in order."""
+def make_entries(daemon: Daemon, n: int, model: str = "spare") -> list[int]:
+    """Append exactly `n` journal entries (gate changes on the open `model`); their ids, in order."""
     before = newest_id(daemon)
     for _ in range(n):
-        r = daemon.request("POST", "/v1/models/undrain", {"model": "spare"})
+        r = daemon.request("POST", "/v1/models/undrain", {"model": model})
         assert r.status == 200, r.body
     ids = [e["id"] for e in logz(daemon, cursor=before, limit=1000)[1]]
     assert len(ids) == n and ids == list(range(before + 1, before + n + 1)), ids
@@ -94,6 +98,7 @@ class Sse:
 
     def __init__(self, daemon: Daemon, headers: dict[str, str] | None = None, query: str = "", *,
                  unix: bool = False):
+        self.daemon, self.unix = daemon, unix
         self.sock = daemon.connect(unix=unix, timeout=IO_TIMEOUT_S)
         head = [f"GET /logz/stream{query} HTTP/1.1", "Host: loom", "Accept: text/event-stream"]
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
@@ -117,8 +122,10 @@ class Sse:
             self.body = self._raw[:n]
 
     def response(self) -> Response:
-        """A refusal as the harness's Response (for `assert_error`)."""
+        """A refusal as the harness's Response (for `assert_error`), after checking that the
+        server still answers /healthz on the same listener (as `Daemon.request` does)."""
         assert self.status != 200, "the stream was accepted"
+        self.daemon.assert_healthy(unix=self.unix)
         return Response(self.status, self.headers, self.body)
 
     def _recv(self, deadline: float) -> bytes:
@@ -231,8 +238,104 @@ def test_http_requests_counted_by_route_and_status(daemon):
     after = request_counts(daemon)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
     delta = {k: v for k, v in delta.items() if v}
+    # each of the 5 rejections was followed by the harness's /healthz probe, counted too
     assert delta == {("/metrics", "200"): 1, ("/v1/models", "200"): 4, ("/v1/models/drain", "404"): 2,
-                     ("/v1/requests", "400"): 1, ("unmatched", "404"): 1, ("unmatched", "405"): 1}, delta
+                     ("/v1/requests", "400"): 1, ("unmatched", "404"): 1, ("unmatched", "405"): 1,
+                     ("/healthz", "200"): 5}, delta
+
+
+VARIANTS = "/v1/models/variants"
+
+
+def journal_since(daemon: Daemon, after: int) -> list[dict[str, Any]]:
+    """Every journal entry newer than `after`, paging /logz to the end."""
+    out, cursor = [], after
+    while True:
+        _, page, headers = logz(daemon, cursor=cursor, limit=1000)
+        if not page:
+            return out
+        out += page
+        cursor = int(headers["x-loom-cursor"])
+
+
+def wait_for_entry(daemon: Daemon, after: int, predicate, what: str) -> dict[str, Any]:
+    """The first journal entry newer than `after` that satisfies `predicate` (polled, with a deadline)."""
+    deadline = time.monotonic() + EVENT_DEADLINE_S
+    while True:
+        found = [e for e in journal_since(daemon, after) if predicate(e)]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no journal entry for {what}"
+        time.sleep(POLL_S)  # poll interval; the deadline bounds the wait
+
+
+def delta_of(before: dict, after: dict) -> dict:
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
+    return {k: v for k, v in delta.items() if v}
+
+
+def test_a_client_that_leaves_before_any_response_is_counted_once_as_499(daemon, tmp_path):
+    """A request still waiting server-side when its client closes the connection is counted once
+    in loom_http_requests_total, as 499 for its route, and never as a 5xx (nor later as the
+    200 it would have had). The request is a variant staging with `wait` on `mini`: its
+    compilation is queued behind loomd's two build workers, each held in the preparation of a
+    registration whose checkpoint is a FIFO (`HeldCheckpoint`), so the handler keeps waiting
+    until the test lets go; the queued staging is observed in /logz before the client leaves."""
+    base = daemon.request("GET", VARIANTS, headers={"X-Loom-Model": "mini"}).json()["selected"]
+    names = ["held499a", "held499b"]
+    held = [HeldCheckpoint(tmp_path / f"{name}.gguf") for name in names]
+    try:
+        for name, checkpoint in zip(names, held):
+            (tmp_path / name).mkdir()
+            document = mini_document(tmp_path / name, model=name, checkpoint=str(checkpoint.path))
+            response = daemon.request("POST", "/v1/models/register", document)
+            assert response.status == 202, response.body
+        for checkpoint in held:
+            checkpoint.wait_reader()          # both build workers are blocked in preparation
+        before = request_counts(daemon)
+        start = newest_id(daemon)
+        body = json.dumps({"model": "mini", "base": base, "sources": [str(MINI / "model.loom")]}).encode()
+        with daemon.connect(timeout=IO_TIMEOUT_S) as client:
+            client.sendall(f"POST {VARIANTS} HTTP/1.1\r\nHost: loom\r\nContent-Type: application/json\r\n"
+                           f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            staged = wait_for_entry(daemon, start,
+                                    lambda e: e["event"] == "variant_compiling" and e.get("model") == "mini",
+                                    "the staged variant")["variant"]
+            events = [e["event"] for e in journal_since(daemon, start) if e.get("variant") == staged]
+            assert events == ["variant_compiling"], events     # queued: no worker was free to compile it
+            client.setblocking(False)
+            with pytest.raises(BlockingIOError):               # and nothing was answered yet
+                client.recv(1)
+        # the client has left: its waiting handler is cancelled and counted
+        deadline = time.monotonic() + EVENT_DEADLINE_S
+        while (delta := delta_of(before, request_counts(daemon))).get((VARIANTS, "499"), 0) < 1:
+            assert time.monotonic() < deadline, delta
+            time.sleep(POLL_S)  # poll interval; the deadline bounds the wait
+        # the held work ends (both preparations fail), so the queued compilation runs to its end:
+        # a disconnect withdraws the reader, not the accepted compilation
+        for checkpoint in held:
+            checkpoint.release()
+        wait_for_entry(daemon, start, lambda e: e.get("variant") == staged and e["event"] == "variant_ready",
+                       "the staged variant to compile")
+        for name in names:
+            wait_for_entry(daemon, start, lambda e, name=name: e.get("model") == name and e["event"] == "failed",
+                           f"{name}'s preparation to end")
+        delta = delta_of(before, request_counts(daemon))
+        assert {k: v for k, v in delta.items() if k[0] == VARIANTS} == {(VARIANTS, "499"): 1}, delta
+        assert not [k for k in delta if k[1].startswith("5")], delta
+        removed = daemon.request("POST", VARIANTS + "/remove", {"model": "mini", "variant": staged})
+        assert removed.status == 200 and removed.json() == {"removed": staged}, removed.body
+    finally:
+        for checkpoint in held:
+            checkpoint.release()
+        for name in names:
+            daemon.request("POST", "/v1/models/unregister", {"model": name, "mode": "abort"})
+        deadline = time.monotonic() + EVENT_DEADLINE_S
+        while set(names) & {r["model"] for r in daemon.request("GET", "/v1/status").json()["registrations"]}:
+            assert time.monotonic() < deadline, "the held registrations were not removed"
+            time.sleep(POLL_S)  # poll interval; the deadline bounds the wait
+        for checkpoint in held:               # removal joined their builds: nobody reads the FIFOs now
+            checkpoint.close()
 
 
 def test_memory_gauges_match_status_accounting(daemon):
@@ -475,10 +578,12 @@ def test_a_departed_stream_reader_is_not_a_server_error(daemon):
 
 def test_open_stream_ends_when_the_server_stops(tmp_path):
     """SIGTERM with a connected SSE reader: the stream ends (any entries it still carries are
-    in order) and the server exits 0 promptly, without waiting out a keepalive period."""
+    in order) and the server exits 0 without waiting for the reader. The grace period is far
+    longer than the hang guard of `stop`, so a server that waited on the stream would be
+    killed there and fail the exit-code check."""
     document = tmp_path / "solo.json"
     document.write_text(mini_document(tmp_path, model="solo"))
-    server = Daemon.start(tmp_path, [document])
+    server = Daemon.start(tmp_path, [document], "--grace", "3600")
     try:
         deadline = time.monotonic() + 120
         while not any(e["event"] == "ready" for e in logz(server)[1]):
@@ -487,15 +592,58 @@ def test_open_stream_ends_when_the_server_stops(tmp_path):
         with Sse(server, {"Last-Event-ID": "0"}) as stream:
             first = stream.events(4)
             assert [e["data"]["event"] for e in first] == ["registering", "compiling", "preparing", "ready"]
-            started = time.monotonic()
-            code = server.stop(timeout=30)
+            code = server.stop(timeout=60)
             rest = stream.read_to_end()
-            assert time.monotonic() - started < 10, "shutdown waited on the open stream"
             assert log_ids(rest) == list(range(5, 5 + len(rest)))   # whatever came, in order
     finally:
         if server.process.poll() is None:
             code = server.stop()
     assert code == 0, "".join(server.output)
+
+
+RETENTION = 8   # `loomd serve --log-retention`: journal entries kept
+
+
+def test_a_cursor_behind_the_retained_window_gets_an_explicit_gap(tmp_path):
+    """A real loomd keeping only RETENTION journal entries: /logz from a cursor that fell out of
+    the window starts with a gap record naming exactly what was lost; /logz/stream resumed
+    from such a Last-Event-ID first sends an explicit `gap` event (its id is the last lost
+    entry), then every retained entry in order, then follows new ones. A resume inside the
+    window gets no gap."""
+    server = Daemon.start(tmp_path, [write_document(tmp_path, "brief")], "--log-retention", str(RETENTION))
+    try:
+        assert wait_ready(server, ["brief"]), server.request("GET", "/v1/status").body
+        assert newest_id(server) >= 2                    # registering ... ready: ids 1 and 2 were issued
+        make_entries(server, RETENTION, model="brief")
+        made = make_entries(server, RETENTION, model="brief")   # the first batch (and startup) falls out
+        newest, oldest = made[-1], made[0]
+        assert made == list(range(newest - RETENTION + 1, newest + 1))
+        lost = {"event": "gap", "from": 3, "to": oldest - 1, "missed": oldest - 3}
+
+        _, lines, headers = logz(server, cursor=oldest - 1, limit=1000)     # the window's edge
+        assert [e["id"] for e in lines] == made
+        _, lines, headers = logz(server, cursor=2, limit=1000)
+        assert lines[0] == lost, lines[0]
+        assert [e["id"] for e in lines[1:]] == made and headers["x-loom-cursor"] == str(newest)
+
+        with Sse(server, {"Last-Event-ID": "2"}) as stream:
+            assert stream.status == 200
+            assert stream.next_event() == {"id": oldest - 1, "event": "gap", "data": lost}
+            assert log_ids(stream.events(RETENTION)) == made
+            following = make_entries(server, 1, model="brief")
+            assert log_ids([stream.next_event()]) == following
+        with Sse(server, {"Last-Event-ID": str(oldest)}, unix=True) as stream:   # inside the window now
+            assert log_ids(stream.events(RETENTION)) == made[1:] + following
+    finally:
+        code = server.stop()
+    assert code == 0, "".join(server.output)
+
+
+def test_log_retention_must_be_positive():
+    result = subprocess.run([sys.executable, "-m", "loomd", "serve", "--listen", "127.0.0.1:0", "--log-retention", "0"],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "--log-retention" in result.stderr, result.stderr
 
 
 # ---- /v1/requests and /v1/sessions --------------------------------------------------------------
