@@ -5,8 +5,9 @@ other body (malformed JSON or UTF-8, comments, trailing commas, lone surrogates,
 decoded keys, unknown fields at any level, image-input extensions); the schema of `state`
 and `questions` and the source's own input checks are 422 (`InvalidDecision`, or the
 policy's `fail(422, ...)`). The questions render on a CPU worker through the control
-program, then run as rows of the deployment's `DecisionService` cohorts; this module only
-encodes the validated probability vectors.
+program, then run as rows of the deployment's `DecisionService` cohorts; the control
+program's `decision_answer` derives each answer from its validated probability vector (on
+a CPU worker), and this module only encodes the result.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from loomd.bodies import json_body
 from loomd.errors import json_response
 from loomrt.errors import InvalidRequest, NotFound
 from loomrt.fields import expect_string
-from loomrt.services.decision import Decision, answers, check_body_fields, parse_questions
+from loomrt.services.decision import Decision, check_body_fields, parse_questions
 
 
 async def systemone(request: web.Request) -> web.StreamResponse:
@@ -47,9 +48,10 @@ async def systemone(request: web.Request) -> web.StreamResponse:
     except (asyncio.CancelledError, ConnectionError):
         job.cancel()  # the client left: its remaining rows are dropped at the next boundary
         raise
+    answers = await asyncio.to_thread(reg.policy.answers, prepared, probabilities)
     n = job.input_tokens
     return json_response({"id": f"decision-{job.id}", "object": "systemone.result", "created": int(job.created),
-                          "model": reg.name, "answers": answers(prepared, probabilities),
+                          "model": reg.name, "answers": answers,
                           "usage": {"input_tokens": n, "output_tokens": 0, "total_tokens": n}})
 
 

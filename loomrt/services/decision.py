@@ -4,19 +4,25 @@ The decision source contract (`docs/source-contracts.md`, "decision"): the contr
 `decision_question(state, id, question, tok)` renders one question into the model's framing
 and returns its prompt ids and the token ids of its answer labels; the stage `decide` runs
 a packed cohort of question prompts (one row per question, laid out as a text prefill) and
-returns a normalised F32 probability vector per row, padded to the widest row.
+returns a normalised F32 probability vector per row, padded to the widest row; the control
+program's `decision_answer(id, question, probabilities)` turns each checked vector into the
+answer's derived field (the winning option, the expected level, the probability of true).
 
 The host owns the spec's schema (`parse_questions`: types, instructions, criteria counts,
 the 1024-question bound), which fails with `InvalidDecision` (422); it validates every
 vector the stage returns (right length, finite, non-negative, summing to 1 within 1e-4,
 zero padding) and never normalises or truncates one: a bad vector fails its request with a
-500 naming the question. Each pass packs question rows from the active requests into one
+500 naming the question. It computes nothing from a vector: it checks the field that
+`decision_answer` derives (an option id of the question, a finite level in range, a
+probability) and encodes it with the vector. Each pass packs question rows from the active requests into one
 `decide` call, bounded by a token budget and by the KV pages free; a row's pages come from
 the deployment's `PagePool` and return to it after the pass.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +36,8 @@ from loomrt.services.base import Job, StageService
 DECIDE_STAGE = "decide"
 QUESTION_FN = "decision_question"
 CAPACITY_FN = "max_questions"
+ANSWER_FN = "decision_answer"
+ANSWER_FIELD = {"choice": "choice", "score": "score", "noul": "probability"}   # what decision_answer returns
 MAX_QUESTIONS = 1024            # the spec's native bound
 MAX_OPTIONS = 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
@@ -177,8 +185,16 @@ class PreparedQuestion:
     choices: list[int]
 
 
-def _contract_error(message: str) -> LoomError:
-    return LoomError(f"the control program's {QUESTION_FN}() broke the decision contract: {message}")
+def _show(value: Any) -> str:
+    """A returned value in an error message (a handle or bytes too, which JSON cannot show)."""
+    try:
+        return shown(value)
+    except (TypeError, ValueError):
+        return type(value).__name__
+
+
+def _contract_error(message: str, fn: str = QUESTION_FN) -> LoomError:
+    return LoomError(f"the control program's {fn}() broke the decision contract: {message}")
 
 
 class DecisionPolicy:
@@ -189,6 +205,9 @@ class DecisionPolicy:
         if not vm.has(QUESTION_FN):
             raise CompileError(f"a decision deployment's control program needs fn {QUESTION_FN}(state: any, id: str, "
                                "question: map, tok: any) -> map")
+        if not vm.has(ANSWER_FN):
+            raise CompileError(f"a decision deployment's control program needs fn {ANSWER_FN}(id: str, question: map, "
+                               "probabilities: list) -> map")
         self.capacity = MAX_QUESTIONS
         if vm.has(CAPACITY_FN):
             value = vm.call(CAPACITY_FN, [])
@@ -218,6 +237,46 @@ class DecisionPolicy:
                                       "share one probability")
             out.append(PreparedQuestion(q, prompt, choices))
         return out
+
+    def answers(self, questions: list[PreparedQuestion], probabilities: list[np.ndarray]) -> dict[str, Any]:
+        """`answers` of a `systemone.result`: per question id, in request order. The derived field
+        of each answer comes from the control program's decision_answer(); the host checks it
+        and encodes it next to the stage's (already checked) vector."""
+        out: dict[str, Any] = {}
+        for pq, vector in zip(questions, probabilities):
+            q = pq.question
+            ids = q.options
+            legend = list(q.body["criteria"]) if q.type == "score" else None
+            p = [float(x) for x in vector]
+            value = self._derived(q, ids, list(p))
+            if q.type == "choice":
+                out[q.id] = {"type": "choice", "choice": value, "probabilities": dict(zip(ids, p))}
+            elif q.type == "score":
+                out[q.id] = {"type": "score", "score": value, "probabilities": p, "legend": legend}
+            else:
+                out[q.id] = {"type": "noul", "probability": value}
+        return out
+
+    def _derived(self, q: Question, ids: list[str], p: list[float]) -> Any:
+        """decision_answer()'s field for question `q`, checked: an option id of the question, a
+        finite expected level in 0..levels-1, or a finite probability in [0, 1]."""
+        result = self.vm.call(ANSWER_FN, [q.id, q.body, p])
+        key = ANSWER_FIELD[q.type]
+        if not isinstance(result, dict) or list(result) != [key]:
+            got = f"a map with keys {json.dumps(list(result))}" if isinstance(result, dict) else _show(result)
+            raise _contract_error(f"question '{q.id}': a {q.type} answer must be a map with exactly the key "
+                                  f"'{key}', got {got}", ANSWER_FN)
+        value = result[key]
+        if q.type == "choice":
+            if not isinstance(value, str) or value not in ids:
+                raise _contract_error(f"question '{q.id}': 'choice' must be one of the question's option ids, "
+                                      f"got {_show(value)}", ANSWER_FN)
+            return value
+        high = len(ids) - 1 if q.type == "score" else 1
+        if type(value) is not float or not math.isfinite(value) or not 0 <= value <= high * (1 + SUM_TOLERANCE):
+            raise _contract_error(f"question '{q.id}': '{key}' must be a finite float in 0..{high}, got "
+                                  f"{_show(value)}", ANSWER_FN)
+        return value
 
 
 # ---- the service --------------------------------------------------------------------------------------
@@ -379,26 +438,6 @@ class DecisionService(StageService):
         return probs
 
 
-# ---- the answers, as the response encodes them -----------------------------------------------------
-
-def answers(questions: list[PreparedQuestion], probabilities: list[np.ndarray]) -> dict[str, Any]:
-    """`answers` of a `systemone.result`: per question id, in request order."""
-    out: dict[str, Any] = {}
-    for pq, vector in zip(questions, probabilities):
-        q = pq.question
-        p = [float(x) for x in vector]
-        if q.type == "choice":
-            ids = q.options
-            best = max(range(len(p)), key=lambda i: (p[i], -i))
-            out[q.id] = {"type": "choice", "choice": ids[best], "probabilities": dict(zip(ids, p))}
-        elif q.type == "score":
-            out[q.id] = {"type": "score", "score": sum(i * x for i, x in enumerate(p)), "probabilities": p,
-                         "legend": list(q.body["criteria"])}
-        else:
-            out[q.id] = {"type": "noul", "probability": p[0]}
-    return out
-
-
 # ---- the kind module's entry points (loomrt.services) --------------------------------------------
 
 def create_policy(reg: Any, executables: Any, tokenizer: Any) -> DecisionPolicy:
@@ -422,4 +461,4 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
 
 
 __all__ = ["DecisionPolicy", "Decision", "DecisionService", "InvalidDecision", "PreparedQuestion", "Question",
-           "answers", "check_body_fields", "check_vector", "create_policy", "create_service", "parse_questions"]
+           "check_body_fields", "check_vector", "create_policy", "create_service", "parse_questions"]

