@@ -48,6 +48,7 @@ from loomc.lower.numba_helpers import IMPORTS, helpers_for
 from loomc.lower.scalars import add, mul
 
 LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the body has no loop
+SERIAL_LIGHT_CHUNKS = 64  # a light parallel loop of at most this many chunks (4096 elements) runs serially
 STACK_ARRAY_BYTES = 65536  # larger local arrays go to the heap
 
 NP_TYPE = {"bool": "np.bool_", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32", "i64": "np.int64",
@@ -302,8 +303,24 @@ class _Renderer(TargetRenderer):
             chunks = self.temp("c")
             self.add(depth, f"{chunks} = ({counts[-1]} + {LIGHT_CHUNK - 1}) // {LIGHT_CHUNK}")
             total = f"{total} * {chunks}"
+        # A parallel region costs microseconds to open (and much more when a worker thread is
+        # descheduled), more than a single heavy lane or a few thousand light elements take:
+        # those run as a plain loop. Each lane computes the same thing either way.
+        if light:
+            serial = f"{total} <= {SERIAL_LIGHT_CHUNKS}"
+        elif not _has_loop(s.body):
+            serial = f"{total} <= {SERIAL_LIGHT_CHUNKS * LIGHT_CHUNK}"
+        else:
+            serial = f"{total} <= 1"
+        self.add(depth, f"if {serial}:")
+        self._lanes_loop(s, counts, outer, light, chunks if light else "", total, "range", depth + 1)
+        self.add(depth, "else:")
+        self._lanes_loop(s, counts, outer, light, chunks if light else "", total, "prange", depth + 1)
+
+    def _lanes_loop(self, s: ir.ParallelFor, counts: list[str], outer: list[int], light: bool, chunks: str,
+                    total: str, loop: str, depth: int) -> None:
         rest = self.temp("p")
-        self.add(depth, f"for {rest} in prange({total}):")
+        self.add(depth, f"for {rest} in {loop}({total}):")
         d = depth + 1
         if light:
             chunk = self.temp("k")
