@@ -35,6 +35,14 @@ def test_the_scout_checks_pass():
     assert any(line.endswith("::validate_sampling_normalises") for line in lines)
 
 
+@pytest.mark.parametrize("sample", ["encoder", "judge", "vectors"])
+def test_every_samples_checks_pass(sample):
+    result = invoke(str(REPO / "samples" / sample))
+    assert result.exit_code == 0, result.output
+    passed, failed = re.fullmatch(r"(\d+) passed, (\d+) failed", result.output.splitlines()[-1]).groups()
+    assert int(passed) >= 1 and failed == "0", result.output
+
+
 FAILING = """fn double(x: int) -> int {
     return x * 2
 }
