@@ -9,7 +9,7 @@ the two cases interleaved (reuse, replay, reuse, replay, ...) on fresh conversat
   reuse   the follow-up continues the idle row that still holds the history
           (`cached_tokens` = the history), so only the new suffix is prefilled;
   replay  an unrelated request takes the deployment's only row first, so the follow-up
-          prefills everything (`cached_tokens` = 0).
+          prefills everything but the few tokens that request shared.
 
 Prints the medians and the ratio replay / reuse (how many times faster the first token
 arrives with reuse), from one run on one machine.
