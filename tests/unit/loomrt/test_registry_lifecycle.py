@@ -618,3 +618,20 @@ def test_a_failing_step_fails_only_its_job(registry, tmp_path, gates):
     x = inputs(73)
     assert_affine(registry.submit("m", affine_job(x)).result(TIMEOUT), [x], w, b)
     assert registry.get("m").phase == "ready"
+
+
+def test_the_count_queue_holds_one_running_plus_pending_capacity(registry, tmp_path):
+    """CPU utility requests (input-token counts) have their own bound per deployment: one
+    running plus `pending_capacity` waiting; beyond it QueueFull (503); a released slot
+    admits again."""
+    reg = register_ready(registry, tmp_path, "m", pending_capacity=2)
+    for _ in range(3):
+        registry.admit_utility(reg)
+    with pytest.raises(QueueFull) as caught:
+        registry.admit_utility(reg)
+    assert caught.value.status == 503 and caught.value.code == "queue_full"
+    assert "count queue is full" in caught.value.message
+    registry.release_utility(reg)
+    registry.admit_utility(reg)
+    with pytest.raises(QueueFull):
+        registry.admit_utility(reg)
