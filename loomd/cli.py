@@ -64,7 +64,7 @@ def bundled_documents() -> list[tuple[Path, str | None]]:
 
 
 async def _serve(documents: tuple[str, ...], listen: tuple[str, ...], request_body_bytes: int, connections: int,
-                 device_memory: dict, grace: float, log_retention: int = RETAINED) -> None:
+                 device_memory: dict, grace: float, log_retention: int) -> None:
     from aiohttp import web
 
     from loomd.app import Settings, make_app

@@ -9,7 +9,7 @@ import re
 
 from loomrt.errors import InvalidRequest
 
-DECIMAL = re.compile(r"^(0|[1-9][0-9]{0,17})$")
+DECIMAL = re.compile(r"0|[1-9][0-9]{0,17}")   # whole string: fullmatch
 
 
 def is_decimal(text: str) -> bool:

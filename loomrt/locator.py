@@ -17,7 +17,7 @@ from pathlib import Path
 from loomrt.errors import InvalidRequest, LocatorNotFound
 
 PREFIX = "package:"
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")   # whole string: fullmatch
 
 
 def is_locator(text: str) -> bool:

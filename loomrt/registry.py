@@ -43,7 +43,7 @@ from loomrt.state import allocate_state, host_sizes, state_bytes
 from loomrt.tokenizer import load_tokenizer, unpadded
 from loomrt.variants import Variant, VariantTable, next_variant_id
 
-COMPONENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+COMPONENT_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")   # whole string: fullmatch
 MAX_EVENTS = 4096
 
 

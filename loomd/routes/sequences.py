@@ -44,7 +44,7 @@ from loomrt.services.sequence import INT32_MAX, STEP_STAGE, SequenceAppend, Sequ
 from loomrt.services.text import Outbox
 
 SEQUENCE_FIELDS = ("model", "session", "position", "token_ids", "options")
-HANDLE = re.compile(r"^[0-9a-f]{32}$")
+HANDLE = re.compile(r"[0-9a-f]{32}")   # whole string: fullmatch
 
 
 def _event(name: str, payload: dict[str, Any]) -> bytes:

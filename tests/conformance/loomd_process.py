@@ -30,7 +30,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 START_DEADLINE_S = 120.0
 HEALTH_TIMEOUT_S = 30.0    # bound on the /healthz probe after a rejected request
-HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: loom\r\nConnection: close\r\n\r\n"
 
 
 @dataclass
@@ -148,7 +147,7 @@ class Daemon:
 
     def assert_healthy(self, *, unix: bool = False, after: Response | None = None) -> None:
         """`GET /healthz` on a fresh connection to this daemon answers 200 {"status":"ready"}."""
-        probe = self.raw(HEALTHZ, unix=unix, timeout=HEALTH_TIMEOUT_S, check_health=False)
+        probe = self.request("GET", "/healthz", unix=unix, timeout=HEALTH_TIMEOUT_S, check_health=False)
         rejected = f" after a {after.status} ({after.body[:200]!r})" if after is not None else ""
         assert probe.status == 200, f"/healthz answered {probe.status}{rejected}: {probe.body!r}"
         assert probe.json() == {"status": "ready"}, f"/healthz{rejected}: {probe.body!r}"
