@@ -44,9 +44,13 @@ class Gate:
 
     def __call__(self, index, outputs):
         if index == 0:
-            self.reached.set()
-            if not self.release.wait(TIMEOUT):
-                raise RuntimeError("the test never released the gate")
+            self.hold()
+
+    def hold(self):
+        """Signal `reached`, then block the calling (worker) thread until `release`."""
+        self.reached.set()
+        if not self.release.wait(TIMEOUT):
+            raise RuntimeError(f"the test never released the {type(self).__name__}")
 
 
 @pytest.fixture
@@ -63,21 +67,18 @@ def gates(registry):
         gate.release.set()
 
 
-class PhaseGate:
+class PhaseGate(Gate):
     """A registry listener that holds the worker thread emitting `event` for `model` (the first
     time only): listeners run on the thread that changed the phase, after the change, so the
     registration stays in that phase, with its work not yet done, until the test sets `release`."""
 
     def __init__(self, model, event):
+        super().__init__()
         self.model, self.event = model, event
-        self.reached = threading.Event()
-        self.release = threading.Event()
 
     def __call__(self, record):
         if record["model"] == self.model and record["event"] == self.event and not self.reached.is_set():
-            self.reached.set()
-            if not self.release.wait(TIMEOUT):
-                raise RuntimeError("the test never released the phase gate")
+            self.hold()
 
 
 @pytest.fixture
