@@ -18,7 +18,8 @@ reassociating it, so it runs at one add per add-latency. This pass rewrites it a
     acc += part[0]
 
 so each lane sums elements z, z + 32, z + 64, ... in order, and the 32 lanes are then
-added as a fixed pairwise tree (5 dependent adds instead of 32). The result is
+added as a fixed pairwise tree (5 dependent adds instead of 32; the numba target runs
+each level as one vector add, `_lm_fold`). The result is
 deterministic (it depends only on E and the data, never on threads or on which other
 rows share a batch) but rounds differently from the plain sequential sum: this is the
 one reassociation Loom's back ends make, and only here.

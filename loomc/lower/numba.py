@@ -110,6 +110,22 @@ def const(dtype: str, value) -> str:
     return f"{NP_TYPE[dtype]}({text})"
 
 
+def _fold_width(s: ir.For) -> int | None:
+    """W when `s` is `for z in 0..W { a[z] = a[z] + a[z + W] }` with a constant W: the
+    level of a pairwise tree (`lanes.py`). Its W adds are independent (they read a[0..2W)
+    and write a[0..W)), so `_lm_fold` runs them as one vector add."""
+    if not (isinstance(s.start, ir.Const) and s.start.value == 0 and isinstance(s.end, ir.Const)
+            and s.step == 1 and len(s.body) == 1 and isinstance(s.body[0], ir.Store)):
+        return None
+    width, store, z = int(s.end.value), s.body[0], ir.Ref(s.var, s.dtype)
+    value = store.value
+    if width < 1 or store.index != z or not isinstance(value, ir.Binary) or value.op != "add":
+        return None
+    here = ir.Load(store.buf, z, value.dtype)
+    there = ir.Load(store.buf, ir.Binary("add", z, ir.Const(s.dtype, width), s.dtype), value.dtype)
+    return width if (value.a, value.b) == (here, there) else None
+
+
 def _has_loop(body: tuple) -> bool:
     for s in body:
         if isinstance(s, (ir.For, ir.While)):
@@ -125,6 +141,10 @@ class _Renderer(TargetRenderer):
     temp_prefix = "_"
     const = staticmethod(const)
     var = staticmethod(var)
+
+    def __init__(self, kernel: ir.Kernel | None = None):
+        super().__init__(kernel)
+        self.float_locals: dict[str, int] = {}  # f32/f64 local arrays -> their size
 
     # ---- expressions ------------------------------------------------------------------------
 
@@ -237,6 +257,8 @@ class _Renderer(TargetRenderer):
         self.add(depth, f"{var(s.name)} = {self.expr(s.value)}")
 
     def stmt_localarray(self, s: ir.LocalArray, depth: int) -> None:
+        if s.dtype in ("f32", "f64"):
+            self.float_locals[s.name] = s.size
         storage = _STORAGE_TEXT.get(s.dtype, NP_TYPE[s.dtype])
         zero = "False" if s.dtype == "bool" else f"{storage}(0)"
         if s.size * np.dtype(STORAGE[s.dtype]).itemsize > STACK_ARRAY_BYTES:
@@ -254,6 +276,10 @@ class _Renderer(TargetRenderer):
         self.add(depth, f"{var(s.buf)}[{self.index(s.index)}] = {value}")
 
     def stmt_for(self, s: ir.For, depth: int) -> None:
+        width = _fold_width(s)
+        if width is not None and 2 * width <= self.float_locals.get(s.body[0].buf, 0):
+            self.add(depth, f"_lm_fold({var(s.body[0].buf)}, {width})")
+            return
         step = f", {s.step}" if s.step != 1 else ""
         if s.dtype == "i64":
             self.add(depth, f"for {var(s.var)} in range({self.expr(s.start)}, {self.expr(s.end)}{step}):")

@@ -179,6 +179,31 @@ def _lm_fma(typingctx, a, b, c):
         return builder.fma(*args)
 
     return a(a, b, c), codegen''',
+    "_lm_fold": '''
+@intrinsic
+def _lm_fold(typingctx, a, width):
+    # a[z] = a[z] + a[z + width] for z in 0..width, as whole vectors: one load of the first
+    # 2 * width elements, the add of its two halves, one store (a float stack array)
+    if not (isinstance(a, types.Array) and isinstance(a.dtype, types.Float) and isinstance(width, types.IntegerLiteral)):
+        return None
+    half = width.literal_value
+
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir as llir
+
+        elem = context.get_data_type(sig.args[0].dtype)
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        align = context.get_abi_sizeof(elem)  # the array promises element alignment only
+        both = builder.load(builder.bitcast(data, llir.VectorType(elem, 2 * half).as_pointer()), align=align)
+
+        def lanes(first):
+            return llir.Constant(llir.VectorType(llir.IntType(32), half), [first + i for i in range(half)])
+
+        total = builder.fadd(builder.shuffle_vector(both, both, lanes(0)), builder.shuffle_vector(both, both, lanes(half)))
+        builder.store(total, builder.bitcast(data, llir.VectorType(elem, half).as_pointer()), align=align)
+        return context.get_dummy_value()
+
+    return types.none(a, width), codegen''',
     "_lm_alloca": '''
 @intrinsic
 def _lm_alloca(typingctx, count, dtype):

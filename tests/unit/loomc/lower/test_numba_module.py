@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 
+import numpy as np
 from click.testing import CliRunner
 
 from loomc.check import load_files
@@ -78,3 +79,60 @@ def test_emit_reports_diagnostics_without_a_traceback(tmp_path):
     bad.write_text("kernel k(x: f32[N]) {\n    parallel for i in 0..N {\n        x[i] = 1.0\n    }\n}\n")
     result = CliRunner().invoke(main, ["emit", str(bad)])
     assert result.exit_code == 1 and "L0305" in result.output and "Traceback" not in result.output
+
+
+ROW_SUMS = ("kernel row_sums(x: f32[R, K], out y: f32[R]) {\n    parallel for r in 0..R {\n"
+            "        var acc: f32 = 0.0\n        for k in 0..K {\n            acc += x[r, k]\n        }\n"
+            "        y[r] = acc\n    }\n}\n")
+NOT_A_TREE = ("kernel shifted(x: f32[N], out y: f32[N]) {\n    parallel for i in 0..N {\n"
+              "        var a: f32[8]\n        for j in 0..8 { a[j] = x[i] + f32(j) }\n"
+              "        for z in 0..4 { a[z] = a[z] + a[z + 3] }\n        y[i] = a[0] + a[3]\n    }\n}\n")
+
+
+def lowered(tmp_path, source: str, name: str):
+    path = tmp_path / f"{name}.loom"
+    path.write_text(source)
+    checked = load_files([path])
+    assert checked.ok, [d.message for d in checked.diagnostics]
+    info = checked.modules[0]
+    return lower_kernel(checked.core, info, info.decls[name])
+
+
+def lanes_then_tree(row: np.ndarray) -> np.float32:
+    """The lanes pass's order (lanes.py), in f32 numpy: lane z sums elements z, z + 32, ...
+    in order, then the lanes are added as a pairwise tree."""
+    lanes = np.zeros(32, np.float32)
+    for k, value in enumerate(row):
+        lanes[k % 32] = np.float32(lanes[k % 32] + value)
+    width = 16
+    while width:
+        lanes[:width] = lanes[:width] + lanes[width:2 * width]
+        width //= 2
+    return np.float32(np.float32(0) + lanes[0])
+
+
+def test_tree_levels_run_as_vector_folds_with_the_same_sums(tmp_path):
+    g = lowered(tmp_path, ROW_SUMS, "row_sums")
+    text = render_module(g)
+    folds = [int(w) for w in re.findall(r"_lm_fold\(v_acc_lanes, (\d+)\)", text)]
+    assert folds and folds == [16, 8, 4, 2, 1] * (len(folds) // 5)  # in the serial and the parallel form
+    (fn,) = load_group(g, tmp_path / "cache")
+    rng = np.random.default_rng(7)
+    for k in (1, 31, 32, 100, 576):
+        x = (rng.standard_normal((5, k)) * 10.0 ** rng.integers(-3, 4, (5, k))).astype(np.float32)
+        y = np.zeros(5, np.float32)
+        fn(x.reshape(-1), y, k, 5)
+        assert y.tobytes() == np.array([lanes_then_tree(row) for row in x], np.float32).tobytes()
+
+
+def test_other_loops_over_local_arrays_stay_loops(tmp_path):
+    g = lowered(tmp_path, NOT_A_TREE, "shifted")
+    assert "_lm_fold" not in render_module(g)
+    (fn,) = load_group(g, tmp_path / "cache")
+    x = np.arange(4, dtype=np.float32)
+    y = np.zeros(4, np.float32)
+    fn(x, y, 4)
+    a = x[:, None] + np.arange(8, dtype=np.float32)
+    for z in range(4):  # in order: a[3] is updated before a[0 + 3] is read again
+        a[:, z] = a[:, z] + a[:, z + 3]
+    assert y.tolist() == (a[:, 0] + a[:, 3]).tolist()
