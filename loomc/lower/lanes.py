@@ -2,7 +2,7 @@
 
 A sequential loop whose body only binds `let`s and adds to float accumulators
 
-    for k in 0..E { let a = f(k); acc += g(k, a) }
+    for k in 0..E { let a = f(k); acc += g(k, a) }      (or acc = fma(a, b, acc): see `terms`)
 
 is a chain of dependent adds: strict IEEE order (no fastmath) forbids a compiler from
 reassociating it, so it runs at one add per add-latency. This pass rewrites it as
@@ -245,9 +245,8 @@ class _Splitter(FreshNames):
                 if isinstance(s, ir.Declare):
                     inner.append(ir.Declare(renames[s.name], s.dtype, local(s.value)))
                 else:
-                    dtype = accumulators[s.name]
-                    current = ir.Load(parts[s.name], slot, dtype)
-                    inner.append(ir.Store(parts[s.name], slot, ir.Binary("add", current, local(s.value.b), dtype)))
+                    current = ir.Load(parts[s.name], slot, accumulators[s.name])
+                    inner.append(ir.Store(parts[s.name], slot, accumulate(s, current, local)))
             if form == "fused":
                 fused_body += inner
             else:
@@ -298,9 +297,7 @@ class _Splitter(FreshNames):
             if isinstance(s, ir.Declare):
                 inner.append(ir.Declare(renames[s.name], s.dtype, local(s.value)))
             else:
-                dtype = accumulators[s.name]
-                inner.append(ir.Store(parts[s.name], l, ir.Binary(
-                    "add", ir.Load(parts[s.name], l, dtype), local(s.value.b), dtype)))
+                inner.append(ir.Store(parts[s.name], l, accumulate(s, ir.Load(parts[s.name], l, accumulators[s.name]), local)))
         loads = [ir.Declare(name, x.dtype, x) for x, name in hoisted.items()]
         body = tuple(loads) + (ir.For(lane, "i64", _i64(0), _i64(CHUNK), tuple(inner)),)
         return ir.For(k0, "i64", start, stop, body, step=CHUNK)
@@ -328,30 +325,49 @@ def _quant_index(e: ir.Expr, k: str, k0: str, h: int, lane: str) -> ir.Expr | No
     return None
 
 
+def terms(s: ir.Stmt) -> tuple[ir.Expr, ...] | None:
+    """What an accumulator update adds, without the accumulator: `x` of `acc = acc + x`,
+    `a, b` of `acc = fma(a, b, acc)` (a product added with one rounding); None otherwise."""
+    if not (isinstance(s, ir.Assign) and ir.is_float(s.value.dtype)):
+        return None
+    acc, v = ir.Ref(s.name, s.value.dtype), s.value
+    if isinstance(v, ir.Binary) and v.op == "add" and v.a == acc:
+        return (v.b,)
+    if isinstance(v, ir.Math) and v.fn == "fma" and v.args[2] == acc:
+        return v.args[:2]
+    return None
+
+
+def accumulate(s: ir.Assign, current: ir.Expr, local) -> ir.Expr:
+    """The update `s` applied to `current` (a lane) instead of its accumulator, its terms through `local`."""
+    parts = tuple(local(t) for t in terms(s))
+    if isinstance(s.value, ir.Math):
+        return ir.Math("fma", parts + (current,), s.value.dtype)
+    return ir.Binary("add", current, parts[0], s.value.dtype)
+
+
 def reduction(loop: ir.For) -> dict[str, str] | None:
     """The float accumulators of a splittable loop (name -> dtype), or None.
 
     Splittable: `for k: i64 in 0..E` with step 1 whose body is only immutable `Declare`s
-    and one `acc = acc + x` per float accumulator `acc` declared outside the loop, where
-    nothing in the body (and nothing in E) reads an accumulator except those heads."""
+    and one update (`acc = acc + x` or `acc = fma(a, b, acc)`, see `terms`) per float
+    accumulator `acc` declared outside the loop, where nothing in the body (and nothing
+    in E) reads an accumulator except those updates."""
     if loop.dtype != "i64" or loop.step != 1 or loop.start != _i64(0) or not loop.body:
         return None
     accumulators: dict[str, str] = {}
     declared: set[str] = set()
+    reads = refs(loop.end)
     for s in loop.body:
         if isinstance(s, ir.Declare) and not s.mutable:
             declared.add(s.name)
-        elif (isinstance(s, ir.Assign) and isinstance(s.value, ir.Binary) and s.value.op == "add"
-              and s.value.a == ir.Ref(s.name, s.value.dtype) and ir.is_float(s.value.dtype)
-              and s.name not in declared and s.name not in accumulators):
+            reads |= refs(s.value)
+        elif terms(s) is not None and s.name not in declared and s.name not in accumulators:
             accumulators[s.name] = s.value.dtype
+            for t in terms(s):
+                reads |= refs(t)
         else:
             return None
-    if not accumulators:
-        return None
-    reads = refs(loop.end)
-    for s in loop.body:
-        reads |= refs(s.value if isinstance(s, ir.Declare) else s.value.b)
-    if reads & set(accumulators):
+    if not accumulators or reads & set(accumulators):
         return None
     return accumulators

@@ -154,6 +154,33 @@ def test_jam_pass_shares_dequantization_across_four_tokens(tmp_path):
     assert isinstance(ragged[0], ir.For) and isinstance(ragged[0].end, ir.Math)  # min(4, T - first): T % 4, T < 4
 
 
+def test_fma_updates_are_reductions_whose_lanes_keep_the_fma(tmp_path):
+    src = DOT.replace("acc += a * w[n, k]", "acc = fma(a, w[n, k], acc)")
+    plain = lower(tmp_path, src, "k", optimize=False)
+    loop = next(s for s in walk(plain.parts[0].body) if isinstance(s, ir.For))
+    assert reduction(loop) == {"acc": "f32"}
+    split = split_group(plain)
+    verify_group(split)
+    stores = [s for s in walk(split.parts[0].body) if isinstance(s, ir.Store) and s.buf == "acc_lanes"]
+    updates = [s for s in stores if isinstance(s.value, ir.Math)]
+    assert len(updates) == 4  # both halves of the whole-block loop and of the ragged one
+    assert all(u.value.fn == "fma" and u.value.args[2] == ir.Load("acc_lanes", u.index, "f32") for u in updates)
+    assert all(isinstance(s.value, ir.Binary) and s.value.op == "add" for s in stores if s not in updates)  # the tree
+    jammed = jam_group(plain)
+    (lane_loop,) = [s for s in jammed.parts[0].body if isinstance(s, ir.ParallelFor)]
+    (k_loop,) = [s for s in lane_loop.body[1].then if isinstance(s, ir.For)]
+    fmas = [s for s in k_loop.body if isinstance(s, ir.Assign)]
+    assert [s.value.fn for s in fmas] == ["fma"] * 4 and len({s.value.args[1] for s in fmas}) == 1  # one decoded weight
+
+
+@pytest.mark.parametrize("update", ["acc = fma(a, w[n, k], 0.0)", "acc = fma(acc, w[n, k], acc)",
+                                    "acc = fma(a, acc, acc)"])
+def test_other_fma_uses_are_not_reductions(tmp_path, update):
+    plain = lower(tmp_path, DOT.replace("acc += a * w[n, k]", update), "k", optimize=False)
+    loop = next(s for s in walk(plain.parts[0].body) if isinstance(s, ir.For))
+    assert reduction(loop) is None
+
+
 def test_jam_pass_leaves_kernels_without_quantized_reads_alone(tmp_path):
     src = DOT.replace("w: q4_1[N, K]", "w: f32[N, K]")
     plain = lower(tmp_path, src, "k", optimize=False)

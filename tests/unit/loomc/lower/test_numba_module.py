@@ -59,7 +59,7 @@ def test_emit_prints_the_cached_module_texts(repo):
     result = CliRunner().invoke(main, ["emit", "--target", "cpu", str(repo / "samples" / "scout" / "model.json")])
     assert result.exit_code == 0, result.output
     headers = re.findall(r"^# kernel (\w+): (\S+):(\d+)$", result.output, re.M)
-    assert ("matmul_q4_1", "loomc/motifs/quant.loom", "22") in headers
+    assert ("matmul_q4_1", "loomc/motifs/quant.loom", "24") in headers
     assert {"sample", "paged_attention", "rmsnorm", "embed_q8_0"} <= {h[0] for h in headers}
     assert result.output.count("@njit(parallel=True, cache=True, fastmath=False") >= len(headers)
 
