@@ -18,9 +18,12 @@ and `t` never reaches a quantized read, this pass makes each lane handle 4 conse
         }
     }
 
-so the four uses of `w[n, k]` are one expression that a target computes once. Each
-token's sum is the same sequence of adds as before (the pass changes what runs together,
-not any result), and `lanes.split_group` then splits the jammed loop's accumulators.
+so the four uses of `w[n, k]` are one expression that a target computes once. Then the
+output rows are paired the same way (`block_rows`): a whole tile is 4 tokens x 2 rows,
+whose k loop loads each token's activation once for both rows; anything else runs the
+4-token body once per row. Each (token, row) sum is the same sequence of operations as
+before (the pass changes what runs together, not any result), and `lanes.split_group`
+then splits the jammed loop's accumulators.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from loomc.lower.lanes import _declared_names, reduction, refs, rewrite
 from loomc.lower.names import FreshNames
 from loomc.lower.scalars import add, mul
 
-BLOCK = 4
+BLOCK = 4  # tokens per tile
+ROWS = 2  # output rows per tile (see block_rows)
 _QUANT = (ir.QuantScale, ir.QuantMin, ir.QuantCode)
 
 
@@ -48,10 +52,15 @@ def jam_kernel(kernel: ir.Kernel) -> ir.Kernel:
     choice = _blockable_lane(loop)
     if choice is None:
         return kernel
+    jammer = _Jammer(_declared_names(kernel))
     try:
-        body[-1] = _Jammer(_declared_names(kernel)).block_lane(loop, choice)
+        body[-1] = jammer.block_lane(loop, choice)
     except _NotJammable:
         return kernel
+    try:
+        body[-1] = jammer.block_rows(body[-1], loop, choice)
+    except _NotJammable:
+        pass
     return dataclasses.replace(kernel, body=tuple(body))
 
 
@@ -141,10 +150,40 @@ class _Jammer(FreshNames):
         jammed = self.jam(loop.body, lane.var, ref(base))
         return ir.ParallelFor(tuple(lanes), (first, ir.If(full, jammed, (ragged,))))
 
-    def jam(self, body: tuple, var: str, base: ir.Expr) -> tuple:
-        """BLOCK copies of `body` for var = base + c, sharing what does not depend on var.
+    def block_rows(self, jammed: ir.ParallelFor, original: ir.ParallelFor, index: int) -> ir.ParallelFor:
+        """Pair the output rows of a token-blocked matmul: each lane takes rows n, n + 1 too.
+
+        The 4 x 2 tile's k loop reads each activation once for both rows (4 tokens' worth of
+        x loads per block is what a 4-token tile waits on), and a lane's fixed costs are
+        shared by twice the work. Tiles that are not whole (fewer than 4 tokens left, the
+        last odd row, and every tile at T < 4) run the token-blocked body once per row."""
+        row = len(original.lanes) - 1
+        if row == index or original.lanes[row].dtype != "i64":
+            raise _NotJammable
+        lane = original.lanes[row]
+        first, branch = jammed.body
+        if not (isinstance(first, ir.Declare) and isinstance(branch, ir.If)):
+            raise _NotJammable
+        i64 = lambda v: ir.Const("i64", v)
+        ref = lambda name: ir.Ref(name, "i64")
+        block, base, j = self.fresh(f"{lane.var}_pair"), self.fresh(f"{lane.var}_first"), self.fresh(f"{lane.var}_j")
+        end = lane.end
+        extent = end if lane.start == i64(0) else ir.Binary("sub", end, lane.start, "i64")
+        lanes = list(jammed.lanes)
+        lanes[row] = ir.Lane(block, "i64", i64(0), ir.Binary("div", add(extent, i64(ROWS - 1)), i64(ROWS), "i64"))
+        pair = ir.Declare(base, "i64", add(lane.start, mul(ref(block), i64(ROWS))))
+        whole_rows = ir.Binary("lt", ir.Binary("add", ref(base), i64(ROWS - 1), "i64"), end, "bool")
+        tile = self.jam(branch.then, lane.var, ref(base), ROWS)
+        remaining = ir.Math("min", (i64(ROWS), ir.Binary("sub", end, ref(base), "i64")), "i64")
+        one = ir.Declare(lane.var, "i64", ir.Binary("add", ref(base), ref(j), "i64"))
+        per_row = ir.For(j, "i64", i64(0), remaining, (one, branch))
+        return ir.ParallelFor(tuple(lanes), (pair, first, ir.If(
+            ir.Binary("land", branch.cond, whole_rows, "bool"), tile, (per_row,))))
+
+    def jam(self, body: tuple, var: str, base: ir.Expr, count: int = BLOCK) -> tuple:
+        """`count` copies of `body` for var = base + c, sharing what does not depend on var.
         Every name the jammed statements declare is fresh: the ragged branch keeps the originals."""
-        copies = [{var: add(base, ir.Const("i64", c))} for c in range(BLOCK)]
+        copies = [{var: add(base, ir.Const("i64", c))} for c in range(count)]
         return tuple(self.stmts(body, copies, {var}))
 
     @staticmethod

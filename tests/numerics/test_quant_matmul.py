@@ -30,13 +30,20 @@ def test_matmul_on_hand_built_blocks(kernel, rng, qtype):
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.astype(np.float64).T, rtol=1e-4, atol=1e-3)
 
 
-def test_matmul_is_deterministic_and_batch_independent(kernel, rng):
-    """A token's output does not depend on the other tokens of the batch."""
-    blocks, _ = quantized(rng, "q4_1", 40, 96)
-    x = rng.standard_normal((5, 96)).astype(np.float32)
-    y_all = np.zeros((5, 40), np.float32)
-    kernel("matmul_q4_1")(x, blocks, y_all)
-    for t in range(5):
-        y_one = np.zeros((1, 40), np.float32)
-        kernel("matmul_q4_1")(x[t:t + 1].copy(), blocks, y_one)
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0"])
+def test_matmul_is_deterministic_and_batch_independent(kernel, rng, qtype):
+    """A token's output does not depend on the other tokens of the batch, nor an output
+    row on the other rows: 9 tokens x 41 rows run as whole 4 x 2 tiles, a last odd row
+    and a last token alone, and each must give what that token or row gives alone."""
+    blocks, _ = quantized(rng, qtype, 41, 96)
+    x = rng.standard_normal((9, 96)).astype(np.float32)
+    y_all = np.zeros((9, 41), np.float32)
+    kernel(f"matmul_{qtype}")(x, blocks, y_all)
+    for t in range(9):
+        y_one = np.zeros((1, 41), np.float32)
+        kernel(f"matmul_{qtype}")(x[t:t + 1].copy(), blocks, y_one)
         np.testing.assert_array_equal(y_one[0], y_all[t])
+    for n in range(41):
+        y_row = np.zeros((9, 1), np.float32)
+        kernel(f"matmul_{qtype}")(x, blocks[n:n + 1].copy(), y_row)
+        np.testing.assert_array_equal(y_row[:, 0], y_all[:, n])

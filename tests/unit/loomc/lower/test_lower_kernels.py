@@ -127,10 +127,11 @@ def test_lanes_pass_reads_q8_blocks_in_one_flat_loop(tmp_path):
     split = lower(tmp_path, DOT.replace("q4_1", "q8_0"), "k")
     loops = [s for s in walk(split.parts[0].body) if isinstance(s, ir.For)]
     flat = next(l for l in loops if l.end == ir.Const("i64", 32))
-    (code,) = [c for s in walk(flat.body) for c in find(getattr(s, "value", ir.Const("i64", 0)), ir.QuantCode)]
+    codes = [c for s in walk(flat.body) for c in find(getattr(s, "value", ir.Const("i64", 0)), ir.QuantCode)]
     lane = ir.Ref(flat.var, "i64")
-    assert code.sub == ir.Binary("shr", lane, ir.Const("i64", 4), "i64")
-    assert code.lane == ir.Binary("and", lane, ir.Const("i64", 15), "i64")
+    assert len(codes) == 2  # the first loop is a whole tile's: two rows of weights
+    assert all(c.sub == ir.Binary("shr", lane, ir.Const("i64", 4), "i64") for c in codes)
+    assert all(c.lane == ir.Binary("and", lane, ir.Const("i64", 15), "i64") for c in codes)
 
 
 def test_lanes_pass_keeps_runtime_trip_counts_without_quantized_reads(tmp_path):
@@ -145,13 +146,33 @@ def test_jam_pass_shares_dequantization_across_four_tokens(tmp_path):
     jammed = jam_group(lower(tmp_path, DOT, "k", optimize=False))
     verify_group(jammed)
     (lane_loop,) = [s for s in jammed.parts[0].body if isinstance(s, ir.ParallelFor)]
-    assert [l.var for l in lane_loop.lanes] == ["t_block", "n"]
-    full, ragged = lane_loop.body[1].then, lane_loop.body[1].orelse
+    assert [l.var for l in lane_loop.lanes] == ["t_block", "n_pair"]
+    tile, (per_row,) = lane_loop.body[2].then, lane_loop.body[2].orelse
+    # not a whole tile: the token-blocked body once per row, n = n_first + n_j
+    assert isinstance(per_row.end, ir.Math) and per_row.body[0] == ir.Declare(
+        "n", "i64", ir.Binary("add", ir.Ref("n_first", "i64"), ir.Ref(per_row.var, "i64"), "i64"))
+    full, ragged = per_row.body[1].then, per_row.body[1].orelse
     assert [s.name for s in full if isinstance(s, ir.Declare) and s.mutable] == ["acc_0", "acc_1", "acc_2", "acc_3"]
     (k_loop,) = [s for s in full if isinstance(s, ir.For)]
     updates = [s for s in k_loop.body if isinstance(s, ir.Assign)]
     assert len(updates) == 4 and len({str(find(u.value, ir.QuantScale)) for u in updates}) == 1
     assert isinstance(ragged[0], ir.For) and isinstance(ragged[0].end, ir.Math)  # min(4, T - first): T % 4, T < 4
+
+
+def test_jam_pass_pairs_rows_so_a_whole_tile_reads_each_activation_once(tmp_path):
+    jammed = jam_group(lower(tmp_path, DOT, "k", optimize=False))
+    (lane_loop,) = [s for s in jammed.parts[0].body if isinstance(s, ir.ParallelFor)]
+    branch = lane_loop.body[2]
+    assert isinstance(branch.cond, ir.Binary) and branch.cond.op == "land"  # whole tokens and whole rows
+    (k_loop,) = [s for s in branch.then if isinstance(s, ir.For)]
+    lets = [s for s in k_loop.body if isinstance(s, ir.Declare)]
+    updates = [s for s in k_loop.body if isinstance(s, ir.Assign)]
+    assert len(updates) == 8  # 4 tokens x 2 rows
+    x_reads = [d for d in lets if find(d.value, ir.Load)]
+    decoded = [d for d in lets if find(d.value, ir.QuantScale)]
+    assert len(x_reads) == 4 and len(decoded) == 2  # one load per token, one decode per row, shared by the tile
+    stores = [s for s in branch.then if isinstance(s, ir.Store)]
+    assert len(stores) == 8 and len({s.index for s in stores}) == 8
 
 
 def test_fma_updates_are_reductions_whose_lanes_keep_the_fma(tmp_path):
@@ -168,9 +189,9 @@ def test_fma_updates_are_reductions_whose_lanes_keep_the_fma(tmp_path):
     assert all(isinstance(s.value, ir.Binary) and s.value.op == "add" for s in stores if s not in updates)  # the tree
     jammed = jam_group(plain)
     (lane_loop,) = [s for s in jammed.parts[0].body if isinstance(s, ir.ParallelFor)]
-    (k_loop,) = [s for s in lane_loop.body[1].then if isinstance(s, ir.For)]
+    (k_loop,) = [s for s in lane_loop.body[2].then if isinstance(s, ir.For)]
     fmas = [s for s in k_loop.body if isinstance(s, ir.Assign)]
-    assert [s.value.fn for s in fmas] == ["fma"] * 4 and len({s.value.args[1] for s in fmas}) == 1  # one decoded weight
+    assert [s.value.fn for s in fmas] == ["fma"] * 8 and len({s.value.args[1] for s in fmas}) == 2  # a weight per row
 
 
 @pytest.mark.parametrize("update", ["acc = fma(a, w[n, k], 0.0)", "acc = fma(acc, w[n, k], acc)",
