@@ -171,6 +171,10 @@ class _Jammer(FreshNames):
         extent = end if lane.start == i64(0) else ir.Binary("sub", end, lane.start, "i64")
         lanes = list(jammed.lanes)
         lanes[row] = ir.Lane(block, "i64", i64(0), ir.Binary("div", add(extent, i64(ROWS - 1)), i64(ROWS), "i64"))
+        # token tiles vary fastest: the tiles of one row pair run back to back (and on one
+        # thread), so a weight matrix larger than the caches (an LM head) streams from memory
+        # once per call, not once per token tile
+        lanes.append(lanes.pop(index))
         pair = ir.Declare(base, "i64", add(lane.start, mul(ref(block), i64(ROWS))))
         whole_rows = ir.Binary("lt", ir.Binary("add", ref(base), i64(ROWS - 1), "i64"), end, "bool")
         tile = self.jam(branch.then, lane.var, ref(base), ROWS)
