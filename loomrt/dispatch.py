@@ -66,6 +66,17 @@ class _Bound:
         self.states = states
         self.host = host
         self.plans: OrderedDict[tuple, ShapePlan] = OrderedDict()
+        self._arena = np.zeros(0, np.uint8)
+
+    def arena(self, nbytes: int) -> np.ndarray:
+        """The scratch memory every ShapePlan of this binding shares: calls run one at a
+        time, and packed steps make many shapes (T varies step to step), so one arena per
+        plan held up to MAX_SHAPE_PLANS copies (~60 MB for scout). Growing it drops the
+        plans whose views point into the old one; they are rebuilt when next used."""
+        if self._arena.nbytes < nbytes:
+            self.plans.clear()
+            self._arena = np.zeros(nbytes, np.uint8)
+        return self._arena
 
 
 class ShapePlan:
@@ -78,7 +89,7 @@ class ShapePlan:
                        for a in plan.args if a.dims is not None}
         self.results = {r.name: np.zeros(storage_shape(r.dtype, [dim_value(d, env) for d in r.dims]), STORAGE[r.dtype])
                         for r in plan.results}
-        self.scratch = self.arena(plan)
+        self.scratch = self.arena(plan, bound)
         self.calls: list[tuple[Any, tuple]] = []
         self.dynamic: list[tuple[int, Any]] = []  # (index into calls, builder of (fn, args) from the call's scalars)
         for dispatch in plan.dispatches:
@@ -92,7 +103,7 @@ class ShapePlan:
 
     # ---- scratch --------------------------------------------------------------------
 
-    def arena(self, plan: CommandPlan) -> dict[str, np.ndarray]:
+    def arena(self, plan: CommandPlan, bound: _Bound) -> dict[str, np.ndarray]:
         uses: dict[str, list[int]] = {}
         for i, d in enumerate(plan.dispatches):
             for o in d.operands:
@@ -114,7 +125,7 @@ class ShapePlan:
             placed.append((offset, size, first, last))
             offsets[s.name] = offset
         self.arena_bytes = max((o + n for o, n, _, _ in placed), default=0)
-        arena = np.zeros(self.arena_bytes + ARENA_ALIGN, np.uint8)
+        arena = bound.arena(self.arena_bytes + ARENA_ALIGN)
         base = (-arena.ctypes.data) % ARENA_ALIGN
         views = {}
         for s in specs:
@@ -193,13 +204,13 @@ class CommandProgram:
         return len(self.plan.dispatches)
 
     def scratch_bytes(self) -> int:
-        """Bytes held by this program's cached per-shape buffers (arena, inputs, results)."""
+        """Bytes held by this program's scratch arena and cached per-shape inputs and results."""
         if self._bound is None:
             return 0
-        total = 0
-        for plan in self._bound[1].plans.values():
-            total += plan.arena_bytes + sum(b.nbytes for b in plan.inputs.values())
-            total += sum(b.nbytes for b in plan.results.values())
+        bound = self._bound[1]
+        total = max(bound.arena(0).nbytes - ARENA_ALIGN, 0)  # the alignment slack is not scratch
+        for plan in bound.plans.values():
+            total += sum(b.nbytes for b in plan.inputs.values()) + sum(b.nbytes for b in plan.results.values())
         return total
 
     def parts(self, dispatch: Dispatch) -> int:

@@ -182,6 +182,32 @@ def test_scratch_shares_memory_across_layers(program, weights):
     assert "gate" in names and "gate_1" in names
 
 
+def test_shapes_share_one_scratch_arena(program, weights):
+    """Packed steps give a new shape (T) almost every step: their plans reuse one arena
+    instead of holding one each, and a larger shape grows it for all of them."""
+    params, _ = weights
+
+    def arenas(plan) -> set[int]:
+        roots = set()
+        for a in plan.scratch.values():
+            while a.base is not None:
+                a = a.base
+            roots.add(id(a))
+        return roots
+
+    state = fresh_state()  # one binding (params and state), as a service keeps
+
+    def plan_for(tokens):
+        return program.prepare(params, state, step_inputs([(0, 0, tokens)], 1, np.array([[0, 1]], np.int32)))
+
+    small = plan_for([1, 2])
+    (small_arena,) = arenas(small)
+    large = plan_for([1, 2, 3, 4, 5])
+    again = plan_for([3, 1])
+    assert len(arenas(large)) == 1 and arenas(again) == arenas(large) != {small_arena}  # grown, then shared
+    assert program.scratch_bytes() < large.arena_bytes + 4096
+
+
 def test_inputs_that_disagree_with_the_stage_are_rejected(program, weights):
     params, _ = weights
     good = step_inputs([(0, 0, [1, 2, 3])], 2, np.array([[0, 1], [2, 3]], np.int32))
