@@ -71,8 +71,8 @@ class _Bound:
     def arena(self, nbytes: int) -> np.ndarray:
         """The scratch memory every ShapePlan of this binding shares: calls run one at a
         time, and packed steps make many shapes (T varies step to step), so one arena per
-        plan held up to MAX_SHAPE_PLANS copies (~60 MB for scout). Growing it drops the
-        plans whose views point into the old one; they are rebuilt when next used."""
+        plan held up to MAX_SHAPE_PLANS copies of it. Growing it drops the plans whose
+        views point into the old one; they are rebuilt when next used."""
         if self._arena.nbytes < nbytes:
             self.plans.clear()
             self._arena = np.zeros(nbytes, np.uint8)

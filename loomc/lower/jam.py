@@ -127,28 +127,47 @@ def _blockable_lane(loop: ir.ParallelFor) -> int | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tiling:
+    """A lane variable split into tiles of `size`: the tile lane, the declaration of the
+    tile's first value, whether the tile is whole, and the loop over what a tile holds."""
+
+    lane: ir.Lane
+    first: ir.Declare
+    whole: ir.Expr
+    var: str
+    counter: str
+    remaining: ir.Expr
+
+    def each(self, body: tuple) -> ir.For:
+        """`body` once per value of the tile (the ragged end: fewer than `size` at the end),
+        in a loop whose trip count is only known at run time (so a target keeps one copy)."""
+        one = ir.Declare(self.var, "i64", ir.Binary("add", ir.Ref(self.first.name, "i64"),
+                                                      ir.Ref(self.counter, "i64"), "i64"))
+        return ir.For(self.counter, "i64", ir.Const("i64", 0), self.remaining, (one,) + body)
+
+
 class _Jammer(FreshNames):
-    def block_lane(self, loop: ir.ParallelFor, index: int) -> ir.ParallelFor:
-        lane = loop.lanes[index]
+    def tiling(self, lane: ir.Lane, size: int, label: str) -> _Tiling:
         i64 = lambda v: ir.Const("i64", v)
         ref = lambda name: ir.Ref(name, "i64")
-        block = self.fresh(f"{lane.var}_block")
-        base = self.fresh(f"{lane.var}_first")
+        tile, base, counter = (self.fresh(f"{lane.var}_{suffix}") for suffix in (label, "first", "j"))
         end = lane.end
         extent = end if lane.start == i64(0) else ir.Binary("sub", end, lane.start, "i64")
-        blocks = ir.Binary("div", add(extent, i64(BLOCK - 1)), i64(BLOCK), "i64")
+        tiles = ir.Binary("div", add(extent, i64(size - 1)), i64(size), "i64")
+        return _Tiling(
+            lane=ir.Lane(tile, "i64", i64(0), tiles),
+            first=ir.Declare(base, "i64", add(lane.start, mul(ref(tile), i64(size)))),
+            whole=ir.Binary("lt", ir.Binary("add", ref(base), i64(size - 1), "i64"), end, "bool"),
+            var=lane.var, counter=counter,
+            remaining=ir.Math("min", (i64(size), ir.Binary("sub", end, ref(base), "i64")), "i64"))
+
+    def block_lane(self, loop: ir.ParallelFor, index: int) -> ir.ParallelFor:
+        tokens = self.tiling(loop.lanes[index], BLOCK, "block")
         lanes = list(loop.lanes)
-        lanes[index] = ir.Lane(block, "i64", i64(0), blocks)
-        first = ir.Declare(base, "i64", add(lane.start, mul(ref(block), i64(BLOCK))))
-        full = ir.Binary("lt", ir.Binary("add", ref(base), i64(BLOCK - 1), "i64"), end, "bool")
-        # the ragged end: the original body once per remaining value of the lane variable, in
-        # a loop whose trip count is only known at run time (so a target keeps one copy of it)
-        j = self.fresh(f"{lane.var}_j")
-        one = ir.Declare(lane.var, "i64", ir.Binary("add", ref(base), ref(j), "i64"))
-        remaining = ir.Math("min", (i64(BLOCK), ir.Binary("sub", end, ref(base), "i64")), "i64")
-        ragged = ir.For(j, "i64", i64(0), remaining, (one,) + loop.body)
-        jammed = self.jam(loop.body, lane.var, ref(base))
-        return ir.ParallelFor(tuple(lanes), (first, ir.If(full, jammed, (ragged,))))
+        lanes[index] = tokens.lane
+        jammed = self.jam(loop.body, tokens.var, ir.Ref(tokens.first.name, "i64"))
+        return ir.ParallelFor(tuple(lanes), (tokens.first, ir.If(tokens.whole, jammed, (tokens.each(loop.body),))))
 
     def block_rows(self, jammed: ir.ParallelFor, original: ir.ParallelFor, index: int) -> ir.ParallelFor:
         """Pair the output rows of a token-blocked matmul: each lane takes rows n, n + 1 too.
@@ -160,29 +179,19 @@ class _Jammer(FreshNames):
         row = len(original.lanes) - 1
         if row == index or original.lanes[row].dtype != "i64":
             raise _NotJammable
-        lane = original.lanes[row]
         first, branch = jammed.body
         if not (isinstance(first, ir.Declare) and isinstance(branch, ir.If)):
             raise _NotJammable
-        i64 = lambda v: ir.Const("i64", v)
-        ref = lambda name: ir.Ref(name, "i64")
-        block, base, j = self.fresh(f"{lane.var}_pair"), self.fresh(f"{lane.var}_first"), self.fresh(f"{lane.var}_j")
-        end = lane.end
-        extent = end if lane.start == i64(0) else ir.Binary("sub", end, lane.start, "i64")
+        rows = self.tiling(original.lanes[row], ROWS, "pair")
         lanes = list(jammed.lanes)
-        lanes[row] = ir.Lane(block, "i64", i64(0), ir.Binary("div", add(extent, i64(ROWS - 1)), i64(ROWS), "i64"))
+        lanes[row] = rows.lane
         # token tiles vary fastest: the tiles of one row pair run back to back (and on one
         # thread), so a weight matrix larger than the caches (an LM head) streams from memory
         # once per call, not once per token tile
         lanes.append(lanes.pop(index))
-        pair = ir.Declare(base, "i64", add(lane.start, mul(ref(block), i64(ROWS))))
-        whole_rows = ir.Binary("lt", ir.Binary("add", ref(base), i64(ROWS - 1), "i64"), end, "bool")
-        tile = self.jam(branch.then, lane.var, ref(base), ROWS)
-        remaining = ir.Math("min", (i64(ROWS), ir.Binary("sub", end, ref(base), "i64")), "i64")
-        one = ir.Declare(lane.var, "i64", ir.Binary("add", ref(base), ref(j), "i64"))
-        per_row = ir.For(j, "i64", i64(0), remaining, (one, branch))
-        return ir.ParallelFor(tuple(lanes), (pair, first, ir.If(
-            ir.Binary("land", branch.cond, whole_rows, "bool"), tile, (per_row,))))
+        tile = self.jam(branch.then, rows.var, ir.Ref(rows.first.name, "i64"), ROWS)
+        return ir.ParallelFor(tuple(lanes), (rows.first, first, ir.If(
+            ir.Binary("land", branch.cond, rows.whole, "bool"), tile, (rows.each((branch,)),))))
 
     def jam(self, body: tuple, var: str, base: ir.Expr, count: int = BLOCK) -> tuple:
         """`count` copies of `body` for var = base + c, sharing what does not depend on var.
