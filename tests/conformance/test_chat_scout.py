@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conformance_support import write_document
-from scout_daemon import (SseReader, chat, open_stream, scheduler, start_scout, stream_chat, stream_result,
-                          wait_idle, wait_until)
+from scout_daemon import (READY_DEADLINE_S, SseReader, chat, open_stream, scheduler, start_scout, stream_chat,
+                          stream_result, wait_idle, wait_until)
 
 PARIS = {"model": "scout", "messages": [{"role": "user", "content": "What is the capital of France?"}],
          "temperature": 0, "max_tokens": 24}
@@ -55,8 +55,9 @@ def busy(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def paris(scout):
-    """The greedy non-streamed answer to PARIS, with its input-token count."""
-    r = chat(scout, PARIS)
+    """The greedy non-streamed answer to PARIS, with its input-token count. The daemon's first
+    request loads (on a cold cache: compiles) its kernels, so it gets the readiness deadline."""
+    r = chat(scout, PARIS, timeout=READY_DEADLINE_S)
     assert r.status == 200, r.body
     counted = scout.request("POST", "/v1/chat/completions/input_tokens", PARIS)
     assert counted.status == 200, counted.body
