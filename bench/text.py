@@ -5,20 +5,28 @@ Run by hand (never in CI):  .venv/bin/python bench/text.py [--repeats 3] [--deco
 Measures, as medians over interleaved repeats (Loom, llama.cpp, Loom, llama.cpp, ...):
   decode tok/s at batch 1 (context 128-255), aggregate decode tok/s with 8 concurrent
   streams, prefill tok/s for 128 and 512 prompt tokens, time to first token of a 64-token
-  prompt (in process, through the service's first published token), and peak RSS of each
-  engine's process. llama.cpp figures appear when `llama-cpp-python` is installed
-  (`pip install llama-cpp-python`, which compiles llama.cpp: minutes); every Loom figure is
-  also printed as a ratio to llama.cpp's, measured in the same run. llama.cpp runs in a
-  child process (see `LlamaCpp` for why), which also keeps the two peak RSS figures apart.
+  prompt (in process, through the service's first published token), time to first token of
+  a streamed chat completion over HTTP (`loomd serve` against llama.cpp's own OpenAI server,
+  `llama_cpp.server`, each in its own process on a loopback TCP port), and peak RSS of each
+  engine's process and of each HTTP server. llama.cpp figures appear when
+  `llama-cpp-python[server]` is installed (`pip install 'llama-cpp-python[server]'`, which
+  compiles llama.cpp: minutes); every Loom figure is also printed as a ratio to llama.cpp's,
+  measured in the same run. llama.cpp runs in a child process (see `LlamaCpp` for why),
+  which also keeps the two peak RSS figures apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import resource
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -198,6 +206,112 @@ class LlamaCpp:
         self.process.join(30)
 
 
+def chat_text() -> str:
+    """A user message that starts differently every time (see `prompt_ids`); with either
+    server's chat template it makes a prompt of about 64 tokens (each server reports its
+    count, printed with the results)."""
+    return f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * 3
+
+
+class HttpServer:
+    """A server process answering OpenAI chat completions for model "scout" on a loopback TCP
+    port. Time to first token is what a client sees: from sending a streamed request to the
+    first SSE chunk that carries answer text, through the whole HTTP stack of the server."""
+
+    def __init__(self, name: str, command: list[str], threads: int, ready_s: float = 1800):
+        self.name = name
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+        self.log = open(Path(tempfile.gettempdir()) / f"loom-bench-{name}-server.log", "wb")
+        self.process = subprocess.Popen([part.format(port=self.port) for part in command], env=env, cwd=REPO,
+                                        stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + ready_s
+        while not self._serves_scout():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise SystemExit(f"the {name} server did not come up; see {self.log.name}")
+            time.sleep(0.5)
+
+    def _serves_scout(self) -> bool:
+        try:
+            status, body = self._request("GET", "/v1/models")
+        except OSError:
+            return False
+        return status == 200 and any(m.get("id") == "scout" for m in json.loads(body).get("data", []))
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            conn.request(method, path, None if body is None else json.dumps(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _chat(stream: bool, max_tokens: int) -> dict:
+        return {"model": "scout", "messages": [{"role": "user", "content": chat_text()}], "max_tokens": max_tokens,
+                "temperature": 0, "stream": stream}
+
+    def prompt_tokens(self) -> int:
+        status, body = self._request("POST", "/v1/chat/completions", self._chat(False, 1))
+        if status != 200:
+            raise SystemExit(f"{self.name}: chat completion answered {status}: {body[:300]!r}")
+        return json.loads(body)["usage"]["prompt_tokens"]
+
+    def ttft(self) -> float:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            start = time.perf_counter()
+            conn.request("POST", "/v1/chat/completions", json.dumps(self._chat(True, 8)),
+                         {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                raise SystemExit(f"{self.name}: streamed chat answered {response.status}: {response.read()[:300]!r}")
+            first = None
+            for line in response:  # read to the end, so the server is idle for the next measurement
+                if first is None and line.startswith(b"data: {"):
+                    choices = json.loads(line[6:]).get("choices") or [{}]
+                    if choices[0].get("delta", {}).get("content"):
+                        first = time.perf_counter() - start
+            if first is None:
+                raise SystemExit(f"{self.name}: the stream carried no answer text")
+            return first
+        finally:
+            conn.close()
+
+    def rss(self) -> float:
+        """Peak resident set of the server process (VmHWM), in MiB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+def http_servers(threads: int, with_llama: bool) -> list[HttpServer]:
+    """`loomd serve` on scout's model document and, when llama.cpp is there, llama.cpp's
+    OpenAI server on the same GGUF with the same thread count and batch size."""
+    servers = [HttpServer("loom", [str(Path(sys.executable).parent / "loomd"), "serve",
+                                   "samples/scout/model.json", "--listen", "127.0.0.1:{port}"], threads)]
+    if with_llama:
+        servers.append(HttpServer("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model",
+                                                str(resolve_locator(GGUF)), "--model_alias", "scout", "--n_ctx",
+                                                "2048", "--n_batch", "512", "--n_threads", str(threads),
+                                                "--n_threads_batch", str(threads), "--host", "127.0.0.1",
+                                                "--port", "{port}"], threads))
+    return servers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -217,13 +331,19 @@ def main() -> None:
         "prefill tok/s, 512 tokens": lambda e: e.prefill(512),
         "time to first token, 64-token prompt (ms)": lambda e: 1000 * e.ttft(),
     }
+    servers = http_servers(args.threads, len(engines) > 1)
+    http_ttft = "time to first token over HTTP, streamed chat (ms)"
+    measures[http_ttft] = None
     for e in engines:  # warm-up: JIT, caches, first-touch of the weights
         e.prefill(128), e.decode(4, 1)
+    prompt_tokens = {s.name: s.prompt_tokens() for s in servers}  # also the servers' warm-up
+    for s in servers:
+        s.ttft()
     results = {(m, e.name): [] for m in measures for e in engines}
     for _ in range(args.repeats):
         for m, f in measures.items():
-            for e in engines:
-                results[(m, e.name)].append(f(e))
+            for e in servers if m == http_ttft else engines:
+                results[(m, e.name)].append(1000 * e.ttft() if m == http_ttft else f(e))
     print(f"\nscout (SmolLM2-135M-Instruct Q4_1), {args.threads} threads, median of {args.repeats}\n")
     print(f"{'measure':45s} {'loom':>10s} {'llama.cpp':>10s} {'ratio':>8s}")
     for m in measures:
@@ -234,9 +354,12 @@ def main() -> None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     other = engines[1].rss() if len(engines) > 1 else float("nan")
     print(f"{'peak RSS of the engine process (MiB)':45s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
+    rss = [s.rss() for s in servers] + [float("nan")] * (2 - len(servers))
+    print(f"{'peak RSS of the HTTP server process (MiB)':45s} {rss[0]:10.0f} {rss[1]:10.0f} {rss[0] / rss[1]:8.2f}")
+    print(f"chat prompt over HTTP: {', '.join(f'{n} {c} tokens' for n, c in prompt_tokens.items())} (its own template)")
     print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's); "
           "for RSS the ratio is Loom's / llama.cpp's")
-    for e in engines:
+    for e in [*engines, *servers]:
         e.close()
 
 

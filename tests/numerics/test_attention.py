@@ -96,3 +96,39 @@ def test_kv_write_skips_missing_pages(kernel, rng):
     kernel("kv_write")(k, k, rows, positions, page_table, 0, cache_k, cache_v)
     np.testing.assert_array_equal(cache_k[1, 0, 1], k[0])
     assert np.count_nonzero(cache_k) == 8
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}-kv{}-d{}-s{}".format(*c))
+def test_rope_kv_write_is_rope_then_kv_write_bit_for_bit(kernel, rng, config):
+    """The fused RoPE + cache write leaves q and both caches exactly as rope_interleaved on
+    q and k followed by kv_write do, in a packed step with a prefill chunk across pages,
+    decode tokens, a padding token and a token whose page is missing."""
+    heads, kv_heads, hd, page_size = config
+    qd, kd = heads * hd, kv_heads * hd
+    num_rows, pages_per_row, num_pages = 3, 3, 12
+    page_table = rng.permutation(num_pages)[:num_rows * pages_per_row].reshape(num_rows, pages_per_row)
+    page_table = page_table.astype(np.int32)
+    page_table[2, 1] = -1  # row 2's second page is missing
+    rows, positions = pack([(0, range(0, page_size + 3)), (1, [2 * page_size]), (2, [page_size + 1, 1])])
+    rows = np.append(rows, -1).astype(np.int32)  # a padding token
+    positions = np.append(positions, 5).astype(np.int32)
+    tokens = len(rows)
+    q = rng.standard_normal((tokens, qd)).astype(np.float32)
+    k = rng.standard_normal((tokens, kd)).astype(np.float32)
+    v = rng.standard_normal((tokens, kd)).astype(np.float32)
+    cache_shape = (num_pages, LAYERS, page_size, kd)
+    k_cache, v_cache = rng.standard_normal(cache_shape).astype(np.float32), rng.standard_normal(cache_shape).astype(np.float32)
+
+    q_apart, k_apart = q.copy(), k.copy()
+    k_cache_apart, v_cache_apart = k_cache.copy(), v_cache.copy()
+    kernel("rope_interleaved")(q_apart, positions, heads, 10000.0)
+    kernel("rope_interleaved")(k_apart, positions, kv_heads, 10000.0)
+    kernel("kv_write")(k_apart, v, rows, positions, page_table, LAYER, k_cache_apart, v_cache_apart)
+
+    k_before = k.copy()
+    kernel("rope_kv_write")(q, k, v, rows, positions, page_table, LAYER, heads, kv_heads, np.float32(10000.0), k_cache,
+                            v_cache)
+    np.testing.assert_array_equal(q, q_apart)
+    np.testing.assert_array_equal(k_cache, k_cache_apart)
+    np.testing.assert_array_equal(v_cache, v_cache_apart)
+    np.testing.assert_array_equal(k, k_before)  # k is read, not rotated in place

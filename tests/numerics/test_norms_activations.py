@@ -72,3 +72,15 @@ def test_residual_add_in_place(kernel, rng, shape):
     want = x + r
     kernel("residual_add")(x, r)
     np.testing.assert_array_equal(x, want)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_residual_rmsnorm_is_residual_add_then_rmsnorm_bit_for_bit(kernel, rng, shape):
+    x, r, w = rand(rng, shape, 3.0), rand(rng, shape), rand(rng, shape[-1:])
+    x_apart, y_apart = x.copy(), np.zeros_like(x)
+    kernel("residual_add")(x_apart, r)
+    kernel("rmsnorm")(x_apart, w, 1e-5, y_apart)
+    y = np.full_like(x, np.nan)
+    kernel("residual_rmsnorm")(x, r, w, 1e-5, y)
+    np.testing.assert_array_equal(x, x_apart)
+    np.testing.assert_array_equal(y, y_apart)
