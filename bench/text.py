@@ -345,17 +345,17 @@ def main() -> None:
             for e in servers if m == http_ttft else engines:
                 results[(m, e.name)].append(1000 * e.ttft() if m == http_ttft else f(e))
     print(f"\nscout (SmolLM2-135M-Instruct Q4_1), {args.threads} threads, median of {args.repeats}\n")
-    print(f"{'measure':45s} {'loom':>10s} {'llama.cpp':>10s} {'ratio':>8s}")
+    print(f"{'measure':50s} {'loom':>10s} {'llama.cpp':>10s} {'ratio':>8s}")
     for m in measures:
         loom = statistics.median(results[(m, "loom")])
         other = statistics.median(results[(m, "llama.cpp")]) if len(engines) > 1 else float("nan")
         ratio = (other / loom if "ms" in m else loom / other) if other == other and other else float("nan")
-        print(f"{m:45s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
+        print(f"{m:50s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     other = engines[1].rss() if len(engines) > 1 else float("nan")
-    print(f"{'peak RSS of the engine process (MiB)':45s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
+    print(f"{'peak RSS of the engine process (MiB)':50s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
     rss = [s.rss() for s in servers] + [float("nan")] * (2 - len(servers))
-    print(f"{'peak RSS of the HTTP server process (MiB)':45s} {rss[0]:10.0f} {rss[1]:10.0f} {rss[0] / rss[1]:8.2f}")
+    print(f"{'peak RSS of the HTTP server process (MiB)':50s} {rss[0]:10.0f} {rss[1]:10.0f} {rss[0] / rss[1]:8.2f}")
     print(f"chat prompt over HTTP: {', '.join(f'{n} {c} tokens' for n, c in prompt_tokens.items())} (its own template)")
     print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's); "
           "for RSS the ratio is Loom's / llama.cpp's")
