@@ -37,6 +37,16 @@ def pack(steps_for_rows):
     return np.array(rows, np.int32), np.array(positions, np.int32)
 
 
+def packed_step(rng, steps_for_rows, qd: int, kd: int, padding_position: int = 0):
+    """One packed step with a padding token (row -1) at the end, and random q, k, v for its
+    tokens: rows, positions, q, k, v."""
+    rows, positions = pack(steps_for_rows)
+    rows = np.append(rows, -1).astype(np.int32)
+    positions = np.append(positions, padding_position).astype(np.int32)
+    q, k, v = (rng.standard_normal((len(rows), width)).astype(np.float32) for width in (qd, kd, kd))
+    return rows, positions, q, k, v
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}-kv{}-d{}-s{}".format(*c))
 def test_paged_attention_matches_dense(kernel, rng, config):
     heads, kv_heads, hd, page_size = config
@@ -57,13 +67,8 @@ def test_paged_attention_matches_dense(kernel, rng, config):
         [(2, [1]), (0, [2 * page_size + 2]), (1, [5])],  # decode everyone
     ]
     for step in steps:
-        rows, positions = pack(step)
-        rows = np.append(rows, -1).astype(np.int32)  # a padding token
-        positions = np.append(positions, 0).astype(np.int32)
+        rows, positions, q, k, v = packed_step(rng, step, qd, kd)
         tokens = len(rows)
-        k = rng.standard_normal((tokens, kd)).astype(np.float32)
-        v = rng.standard_normal((tokens, kd)).astype(np.float32)
-        q = rng.standard_normal((tokens, qd)).astype(np.float32)
         kernel("kv_write")(k, v, rows, positions, page_table, LAYER, k_cache, v_cache)
         for t in range(tokens - 1):
             r, p = rows[t], positions[t]
@@ -109,13 +114,8 @@ def test_rope_kv_write_is_rope_then_kv_write_bit_for_bit(kernel, rng, config):
     page_table = rng.permutation(num_pages)[:num_rows * pages_per_row].reshape(num_rows, pages_per_row)
     page_table = page_table.astype(np.int32)
     page_table[2, 1] = -1  # row 2's second page is missing
-    rows, positions = pack([(0, range(0, page_size + 3)), (1, [2 * page_size]), (2, [page_size + 1, 1])])
-    rows = np.append(rows, -1).astype(np.int32)  # a padding token
-    positions = np.append(positions, 5).astype(np.int32)
-    tokens = len(rows)
-    q = rng.standard_normal((tokens, qd)).astype(np.float32)
-    k = rng.standard_normal((tokens, kd)).astype(np.float32)
-    v = rng.standard_normal((tokens, kd)).astype(np.float32)
+    step = [(0, range(0, page_size + 3)), (1, [2 * page_size]), (2, [page_size + 1, 1])]
+    rows, positions, q, k, v = packed_step(rng, step, qd, kd, padding_position=5)
     cache_shape = (num_pages, LAYERS, page_size, kd)
     k_cache, v_cache = rng.standard_normal(cache_shape).astype(np.float32), rng.standard_normal(cache_shape).astype(np.float32)
 
