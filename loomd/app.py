@@ -44,7 +44,7 @@ JOURNAL = web.AppKey("journal", Journal)
 METRICS = web.AppKey("metrics", Metrics)
 
 
-SENT_STATUS = "loom.sent_status"   # request key: the status of a response already prepared
+SENT_STATUS = web.RequestKey("sent_status", int)   # the status of a response already prepared
 CLIENT_CLOSED = 499
 
 
