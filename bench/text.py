@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import resource
@@ -303,7 +304,9 @@ def http_servers(threads: int, with_llama: bool) -> list[HttpServer]:
     OpenAI server on the same GGUF with the same thread count and batch size."""
     servers = [HttpServer("loom", [str(Path(sys.executable).parent / "loomd"), "serve",
                                    "samples/scout/model.json", "--listen", "127.0.0.1:{port}"], threads)]
-    if with_llama:
+    if with_llama and not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "sse_starlette")):
+        print("llama.cpp's server needs pip install 'llama-cpp-python[server]': no llama.cpp figure over HTTP")
+    elif with_llama:
         servers.append(HttpServer("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model",
                                                 str(resolve_locator(GGUF)), "--model_alias", "scout", "--n_ctx",
                                                 "2048", "--n_batch", "512", "--n_threads", str(threads),
@@ -348,7 +351,7 @@ def main() -> None:
     print(f"{'measure':50s} {'loom':>10s} {'llama.cpp':>10s} {'ratio':>8s}")
     for m in measures:
         loom = statistics.median(results[(m, "loom")])
-        other = statistics.median(results[(m, "llama.cpp")]) if len(engines) > 1 else float("nan")
+        other = statistics.median(results[(m, "llama.cpp")]) if results.get((m, "llama.cpp")) else float("nan")
         ratio = (other / loom if "ms" in m else loom / other) if other == other and other else float("nan")
         print(f"{m:50s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
