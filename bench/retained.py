@@ -31,12 +31,11 @@ sys.path.insert(0, str(REPO))
 from loomrt.devices import Devices  # noqa: E402
 from loomrt.registry import Registry  # noqa: E402
 from loomrt.services.text import Generation, Sampling  # noqa: E402
+from text import prompt_ids  # noqa: E402  (bench/text.py: fresh prompts, shared with that benchmark)
 
 GREEDY = Sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0)
 ANSWER = 16
 SUFFIX = 24
-
-_salt = iter(range(1, 1 << 30))
 
 
 class Scout:
@@ -52,8 +51,7 @@ class Scout:
         self.state = self.reg.policy.prepare({"messages": [{"role": "user", "content": "Hi"}]}).state
 
     def ids(self, n: int) -> list[int]:
-        text = f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
-        return self.tokenizer.encode(text, add_special_tokens=False).ids[:n]
+        return prompt_ids(self.tokenizer, n)
 
     def generate(self, prompt: list[int], max_tokens: int) -> Generation:
         gen = Generation(prompt, max_tokens, GREEDY, (), self.state)

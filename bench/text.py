@@ -46,11 +46,15 @@ GREEDY = Sampling(temperature=0.0, top_p=1.0, top_k=0, seed=0)
 _salt = iter(range(1, 1 << 30))
 
 
+def salted_text(sentences: int) -> str:
+    """Text that starts differently every time, so no engine can reuse cached state from an
+    earlier measurement (Loom retains finished histories for reuse)."""
+    return f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * sentences
+
+
 def prompt_ids(tokenizer, n: int) -> list[int]:
-    """A prompt of exactly n tokens that starts differently every time, so no engine can reuse
-    cached state from an earlier measurement (Loom retains finished histories for reuse)."""
-    text = f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
-    return tokenizer.encode(text, add_special_tokens=False).ids[:n]
+    """A fresh prompt (`salted_text`) of exactly n tokens."""
+    return tokenizer.encode(salted_text(n // 8 + 8), add_special_tokens=False).ids[:n]
 
 
 class LoomText:
@@ -113,8 +117,7 @@ class _LlamaCppEngine:
         self.tokenizer = None
 
     def _ids(self, n: int) -> list[int]:
-        text = f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * (n // 8 + 8)
-        return self.llm.tokenize(text.encode(), add_bos=False)[:n]
+        return self.llm.tokenize(salted_text(n // 8 + 8).encode(), add_bos=False)[:n]
 
     def decode(self, tokens: int, streams: int = 1) -> float:
         if streams != 1:
@@ -208,10 +211,9 @@ class LlamaCpp:
 
 
 def chat_text() -> str:
-    """A user message that starts differently every time (see `prompt_ids`); with either
-    server's chat template it makes a prompt of about 64 tokens (each server reports its
-    count, printed with the results)."""
-    return f"Note {next(_salt)}: " + "The history of the printing press begins in the fifteenth century. " * 3
+    """A fresh user message (`salted_text`); with either server's chat template it makes a
+    prompt of about 64 tokens (each server reports its count, printed with the results)."""
+    return salted_text(3)
 
 
 class HttpServer:

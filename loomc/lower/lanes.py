@@ -362,9 +362,9 @@ def reduction(loop: ir.For) -> dict[str, str] | None:
         if isinstance(s, ir.Declare) and not s.mutable:
             declared.add(s.name)
             reads |= refs(s.value)
-        elif terms(s) is not None and s.name not in declared and s.name not in accumulators:
+        elif (added := terms(s)) is not None and s.name not in declared and s.name not in accumulators:
             accumulators[s.name] = s.value.dtype
-            for t in terms(s):
+            for t in added:
                 reads |= refs(t)
         else:
             return None
