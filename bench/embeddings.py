@@ -27,6 +27,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from machine import describe  # noqa: E402  (bench/machine.py, beside this script)
+
 TOKENS = 16          # tokens per input, [CLS] and [SEP] included
 WORDS = ("river stone lantern quiet market orange signal harbor winter paper garden silver "
          "engine cloud mirror violin forest candle ladder planet").split()
@@ -90,6 +92,7 @@ class Reference:
 
 
 def timed(engine, texts: list[str]) -> tuple[float, np.ndarray]:
+    time.sleep(0.3)  # the other engine's worker threads spin for a while after its call: let them sleep first
     start = time.perf_counter()
     vectors = engine.embed(texts)
     return time.perf_counter() - start, vectors
@@ -123,6 +126,7 @@ def main() -> None:
     finally:
         loom.close()
     print(f"vectors (all-MiniLM-L6-v2), {args.threads} threads, median of {args.repeats}, embeddings/s")
+    print(f"machine: {describe()}")
     print(f"{'workload':<24} {'Loom':>9} {'HF torch':>9} {'ratio':>7}")
     for name, ours, theirs in rows:
         print(f"{name:<24} {ours:>9.1f} {theirs:>9.1f} {ours / theirs:>6.2f}x")

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "numerics"))
 
+from machine import describe  # noqa: E402  (bench/machine.py)
 from numerics_testlib import dequantized, quantized  # noqa: E402
 
 from loomc.check import load_files  # noqa: E402
@@ -80,6 +81,24 @@ class Bench:
                 self.case(f"matmul_{qtype} {n}x{k} T={t_count}", f"matmul_{qtype}", (x, blocks, y),
                           2 * t_count * n * k, blocks.nbytes + x.nbytes + y.nbytes,
                           lambda x=x, wt=wt: np.matmul(x, wt))
+
+    def gemm(self) -> None:
+        """The f32 `matmul` motif (the compiler's GEMM, loomc/lower/matmul.py) against BLAS sgemm."""
+        from loomc.lower.matmul import load_function, workspace_elems
+
+        gemm = load_function()
+        for m, k, n in ((16, 384, 1152), (512, 384, 1152), (512, 384, 1536), (512, 1536, 384)):
+            label = f"matmul f32 {m}x{k} . {n}x{k}^T"
+            if self.only and self.only not in label:
+                continue
+            a = self.rng.standard_normal((m, k)).astype(np.float32)
+            b = self.rng.standard_normal((n, k)).astype(np.float32)
+            c, pack = np.zeros((m, n), np.float32), np.zeros(workspace_elems(m, k), np.float32)
+            t, t50 = timings(lambda: gemm(a, b, c, pack), self.reps)
+            tb, _ = timings(lambda: np.matmul(a, b.T, out=c), self.reps)
+            flops = 2 * m * n * k
+            print(f"{label:<38} {t * 1e6:8.1f} us ({t50 * 1e6:8.1f}) {flops / t / 1e9:6.2f} GFLOP/s"
+                  f" | BLAS {tb * 1e6:8.1f} us {flops / tb / 1e9:6.2f} GFLOP/s | speed {tb / t:5.2f}x", flush=True)
 
     def elementwise(self) -> None:
         for t_count, d in ((1, 576), (64, 576)):
@@ -210,7 +229,9 @@ def main() -> None:
           f"threading layer {numba.config.THREADING_LAYER!r} ({numba.config.NUMBA_NUM_THREADS} threads), "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}",
           flush=True)
+    print(f"machine: {describe()}", flush=True)
     bench = Bench(args.reps, args.only)
+    bench.gemm()
     bench.matmuls()
     bench.elementwise()
     bench.attention()

@@ -28,6 +28,7 @@ import numpy as np
 from loomc.check.shapes import Dim
 from loomc.ir import interpret
 from loomc.ir import module as ir
+from loomc.lower import matmul
 from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, refs_arguments
 from loomrt.errors import BindingError, DispatchError, StageInputError
 from loomrt.launch import STORAGE, KernelLauncher, logical_dim, storage_shape
@@ -124,9 +125,16 @@ class ShapePlan:
                 offset = max(offset, o + n)
             placed.append((offset, size, first, last))
             offsets[s.name] = offset
-        self.arena_bytes = max((o + n for o, n, _, _ in placed), default=0)
-        arena = bound.arena(self.arena_bytes + ARENA_ALIGN)
+        scratch_end = max((o + n for o, n, _, _ in placed), default=0)
+        # The matmul motif's packed copy of `a`: live only inside one matmul dispatch, so
+        # every matmul of the plan shares one region past the scratch.
+        workspace = 4 * max((matmul.workspace_elems(dim_value(d.operands[0].dims[0], self.env),
+                                                    dim_value(d.operands[0].dims[1], self.env))
+                             for d in plan.dispatches if d.kind == "matmul"), default=0)
+        self.arena_bytes = scratch_end
+        arena = bound.arena(scratch_end + workspace + ARENA_ALIGN)
         base = (-arena.ctypes.data) % ARENA_ALIGN
+        self.workspace = arena[base + scratch_end:base + scratch_end + workspace].view(np.float32)
         views = {}
         for s in specs:
             shape = storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims])
@@ -175,7 +183,7 @@ class ShapePlan:
             if b.shape != (n, k) or c.shape != (m, n):
                 raise DispatchError(f"matmul at {dispatch.source.path}:{dispatch.source.line}: a {a.shape}, "
                                     f"b {b.shape}, c {c.shape} do not make c = a . b^T")
-            return [(partial(np.matmul, out=c), (a, b.T))]
+            return [(program.launchers["matmul"], (a, b, c, self.workspace))]
         launcher: KernelLauncher = program.launchers[dispatch.callee]
         args = launcher.bind(*values)
         return [(f, args) for f in launcher.functions]

@@ -17,7 +17,7 @@ KERNEL_MATH: dict[str, tuple[str, int]] = {
     "isnan": ("predicate", 1), "isinf": ("predicate", 1),
 }
 
-# Command motifs provided by the compiler as intrinsics (BLAS/cuBLAS), declared in `.loom`
+# Command motifs provided by the compiler as intrinsics (`matmul`: loomc/lower/matmul.py), declared in `.loom`
 # signature syntax so shapes are checked exactly like calls to `.loom` kernels.
 COMMAND_MOTIFS_SOURCE = """
 stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])

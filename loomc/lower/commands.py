@@ -367,7 +367,12 @@ def compile_command(checked: CheckedProgram, name: str, target: str = "cpu", cac
     from loomrt.dispatch import CommandProgram
 
     plan = specialize(checked, name)
-    return CommandProgram(plan, compile_kernels(plan.kernels, target, cache_dir), target)
+    launchers = compile_kernels(plan.kernels, target, cache_dir)
+    if any(d.kind == "matmul" for d in plan.dispatches):
+        from loomc.lower.matmul import load_function
+
+        launchers["matmul"] = load_function(cache_dir)
+    return CommandProgram(plan, launchers, target)
 
 
 def compile_kernels(groups: dict[str, ir.KernelGroup], target: str = "cpu", cache_dir=None) -> dict[str, Any]:

@@ -37,3 +37,36 @@ def dequantized(qtype: str, blocks: np.ndarray) -> np.ndarray:
 
 def assert_close(got: np.ndarray, want: np.ndarray, rtol: float = 1e-5, atol: float = 1e-5) -> None:
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def f32_nearest(x) -> np.float32:
+    """An exact rational rounded once to the nearest f32 (ties to even), subnormals included."""
+    from fractions import Fraction
+
+    x = Fraction(x)
+    if x == 0:
+        return np.float32(0.0)
+    sign, x = (-1 if x < 0 else 1), abs(x)
+    e = x.numerator.bit_length() - x.denominator.bit_length()  # 2^e <= x < 2^(e+2)
+    if x < Fraction(2) ** e:
+        e -= 1
+    quantum = Fraction(2) ** max(e - 23, -149)  # 24-bit significands; the subnormal step below 2^-126
+    return np.float32(sign * float(round(x / quantum) * quantum))  # round() on a Fraction: ties to even
+
+
+def fma_chain(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The `matmul` motif's contract computed exactly: c[m, n] = fma(a[m, k], b[n, k], c) for k
+    in increasing order from +0.0, every step rounded once from the exact rational value."""
+    from fractions import Fraction
+
+    m_count, k_count = a.shape
+    out = np.zeros((m_count, b.shape[0]), np.float32)
+    rows = [[Fraction(float(v)) for v in row] for row in a]
+    cols = [[Fraction(float(v)) for v in row] for row in b]
+    for m in range(m_count):
+        for n in range(len(cols)):
+            acc = np.float32(0.0)
+            for k in range(k_count):
+                acc = f32_nearest(rows[m][k] * cols[n][k] + Fraction(float(acc)))
+            out[m, n] = acc
+    return out

@@ -9,7 +9,8 @@ tokens; vectors refuses more than 512 instead of truncating, and none of these i
 Ours runs the whole path: loomd, the control policy's tokenization and framing ([CLS] ...
 [SEP] with the `tokenizers` library on the same tokenizer.json), a cohort of all 20 inputs
 packed into one `encode` call, and the JSON float encoding. Both sides compute in f32; they
-differ only in summation order (BLAS blocking, our 32-lane reductions, the online softmax).
+differ only in summation order (torch's GEMM blocking against our fma chains and 32-lane
+reductions, the online softmax).
 Measured (x86-64, 2 cores): max |ours - ref| over the 20 vectors = 1.75e-7 (the ~220-token
 input included), against the 1e-4 bound: ~500x headroom, while a wrong eps, a missing bias,
 the tanh GELU, a [CLS] pooling or attention leaking across inputs moves components by 1e-3

@@ -20,10 +20,12 @@ MINI = Path(__file__).resolve().parent / "fixtures" / "mini"
 DIM = 8
 
 
-def mini_weights(directory: Path, seed: int = 0, name: str = "mini.safetensors") -> tuple[Path, np.ndarray, np.ndarray]:
+def mini_weights(directory: Path, seed: int = 0, name: str = "mini.safetensors",
+                 dim: int = DIM) -> tuple[Path, np.ndarray, np.ndarray]:
+    """Weights for `mini` (a document may widen it with `config: {"dim": dim}`)."""
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((DIM, DIM)).astype(np.float32)
-    b = rng.standard_normal(DIM).astype(np.float32)
+    w = rng.standard_normal((dim, dim)).astype(np.float32)
+    b = rng.standard_normal(dim).astype(np.float32)
     path = directory / name
     save_file({"proj.weight": w, "proj.bias": b}, str(path))
     return path, w, b

@@ -3,7 +3,10 @@ real `mini` package: LRU eviction of idle unpinned components, pinning, reload o
 once per activation), DeviceMemoryExhausted when nothing can go, trim, activate/deactivate.
 
 The budget is derived from what one `mini` registration is charged (measured once, below), so
-it fits two models' params but not three, whatever the exact byte counts."""
+it fits two models' params but not three, whatever the exact byte counts. The models here are
+`mini` widened to WIDE features: a served step's scratch (the `matmul` motif packs its input
+in panels of 16 rows) must stay well below one model's params for "two but not three" to be
+a budget at all."""
 
 from __future__ import annotations
 
@@ -21,28 +24,40 @@ from loomrt.services.base import Job, Step
 from mini_package import DIM, mini_document, mini_image_document, mini_weights
 
 TIMEOUT = 60
+WIDE = 64  # features of the residency tests' models (config override of mini's dim)
+
+
+def wide_document(directory, **fields) -> str:
+    return mini_document(directory, config={"dim": WIDE}, **fields)
 
 
 @pytest.fixture(scope="module")
 def footprint(tmp_path_factory, loom_cache_dir):
-    """Bytes one freshly registered `mini` is charged on the cpu: {"params": ..., "state": ...}."""
+    """Bytes one freshly registered wide `mini` is charged on the cpu ({"params": ..., "state": ...}),
+    and the scratch its first served step adds ("scratch")."""
     registry = Registry(Devices(cuda={}))
+    directory = tmp_path_factory.mktemp("probe")
+    checkpoint, _, _ = mini_weights(directory, name="probe.safetensors", dim=WIDE)
     try:
-        reg = registry.register(mini_document(tmp_path_factory.mktemp("probe"), model="probe"))
+        reg = registry.register(wide_document(directory, model="probe", checkpoint=str(checkpoint)))
         assert registry.wait_for(lambda: reg.phase == "ready", TIMEOUT), (reg.phase, reg.error)
-        owned = registry.devices.accounting("cpu")[0]["owners"]["probe/primary"]
+        owned = dict(registry.devices.accounting("cpu")[0]["owners"]["probe/primary"])
+        x = np.zeros((2, WIDE), np.float32)
+        registry.submit("probe", Job([Step("affine", {"x": x})])).result(TIMEOUT)
+        scratch = registry.devices.accounting("cpu")[0]["owners"]["probe/primary"]["scratch"]
     finally:
         registry.close(timeout=TIMEOUT)
-    assert owned == {"params": 4 * (DIM * DIM + DIM), "state": 2 * DIM * 4}   # the mini's w, b and acc
-    return owned
+    assert owned == {"params": 4 * (WIDE * WIDE + WIDE), "state": 2 * WIDE * 4}   # the mini's w, b and acc
+    return {**owned, "scratch": scratch}
 
 
 @pytest.fixture
 def budget(footprint):
-    """Room for every model's state and two models' params, not a third's."""
-    params, state = footprint["params"], footprint["state"]
+    """Room for every model's state, two models' params and a served step's scratch, not a
+    third model's params."""
+    params, state, scratch = footprint["params"], footprint["state"], footprint["scratch"]
     n = 3 * state + 2 * params + params // 2
-    assert 2 * (params + state) + params > n >= 3 * state + 2 * params
+    assert 2 * (params + state) + params > n >= 3 * state + 2 * params + scratch
     return n
 
 
@@ -69,8 +84,9 @@ class Model:
         self.registry, self.name = registry, name
         directory = tmp_path / name
         directory.mkdir()
-        checkpoint, self.w, self.b = mini_weights(directory, seed=sum(map(ord, name)), name=f"{name}.safetensors")
-        self.reg = registry.register(mini_document(directory, model=name, checkpoint=str(checkpoint), **fields))
+        checkpoint, self.w, self.b = mini_weights(directory, seed=sum(map(ord, name)), name=f"{name}.safetensors",
+                                                  dim=WIDE)
+        self.reg = registry.register(wide_document(directory, model=name, checkpoint=str(checkpoint), **fields))
         assert registry.wait_for(lambda: self.reg.phase in ("ready", "failed"), TIMEOUT), self.reg.phase
 
     @property
@@ -83,7 +99,7 @@ class Model:
         return component
 
     def submit(self, seed=0, on_step=None, steps=1):
-        xs = [np.random.default_rng(seed + i).standard_normal((2, DIM)).astype(np.float32) for i in range(steps)]
+        xs = [np.random.default_rng(seed + i).standard_normal((2, WIDE)).astype(np.float32) for i in range(steps)]
         future = self.registry.submit(self.name, Job([Step("affine", {"x": x}) for x in xs], on_step=on_step))
         return future, xs
 

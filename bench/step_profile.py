@@ -2,8 +2,8 @@
 
 Run by hand (not in CI):
 
-    .venv/bin/python bench/profile.py                 # batch 1
-    .venv/bin/python bench/profile.py --streams 8     # 8 concurrent rows
+    .venv/bin/python bench/step_profile.py                 # batch 1
+    .venv/bin/python bench/step_profile.py --streams 8     # 8 concurrent rows
 
 Registers scout in process as `bench/text.py` does, then times every kernel launch of
 every stage call (`CommandProgram.run`'s loop, reproduced here with a clock around each

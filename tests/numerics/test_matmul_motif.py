@@ -1,0 +1,154 @@
+"""The `matmul` motif: every element is the exact fma chain, whatever the batch, threads or SIMD class.
+
+docs/language.md §11 fixes what `matmul(a, b, c)` computes: c[m, n] is one chain of fused
+multiply-adds over k in increasing order from +0.0. The reference here is that chain computed
+with exact rationals (`numerics_testlib.fma_chain`), so equality is the contract itself, not
+a tolerance tuned on one machine; the same bits must come out when the row shares its call
+with other rows, when numba runs on one thread, and when the kernel is compiled for another
+SIMD class (baseline x86-64 without FMA; AVX2 when this host has AVX-512) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+from numerics_testlib import fma_chain
+
+from loomc.check import load_files
+from loomc.lower.commands import compile_command
+
+FIXTURE = Path(__file__).parent / "fixtures" / "matmul.loom"
+
+# NUMBA_CPU_NAME / NUMBA_CPU_FEATURES of the SIMD classes compiled in a subprocess.
+BASELINE = ("x86-64", "+64bit,+sse,+sse2,+cx8,+fxsr,+mmx,+cmov")
+AVX2 = ("haswell", "+64bit,+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,"
+                   "+lzcnt,+movbe,+cx16,+cmov")
+
+
+@pytest.fixture(scope="module")
+def product():
+    checked = load_files([FIXTURE])
+    assert checked.ok, checked.diagnostics
+    program = compile_command(checked, "product")
+    return lambda a, b: program.run({}, {}, {"a": a, "b": b})["c"]
+
+
+def rand(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (17, 33, 6), (16, 64, 13), (33, 5, 7), (2, 130, 12)])
+def test_each_element_is_the_exact_fma_chain(product, rng, m, k, n):
+    a, b = rand(rng, m, k), rand(rng, n, k)
+    np.testing.assert_array_equal(product(a, b), fma_chain(a, b))
+
+
+def test_cancellation_and_tiny_values_follow_the_chain(product, rng):
+    """Terms that cancel, and products in the subnormal range, where another order would differ."""
+    a = np.array([[1e30, 1.0, -1e30, 3.0, 1e-30], [1e-20, 1e-20, 1e-20, 1e-20, 1e-20]], np.float32)
+    b = np.array([[1.0, 1e-7, 1.0, 1e-8, 1e-15], [1e-20, -1e-20, 1e-20, -1e-20, 1e-20]], np.float32)
+    np.testing.assert_array_equal(product(a, b), fma_chain(a, b))
+
+
+def test_close_to_float64_at_model_shapes(product, rng):
+    a, b = rand(rng, 70, 384), rand(rng, 1152, 384, scale=0.05)
+    want = a.astype(np.float64) @ b.astype(np.float64).T
+    bound = 384 * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64).T)
+    assert (np.abs(product(a, b) - want) <= bound).all()
+
+
+def test_a_row_does_not_depend_on_the_other_rows(product, rng):
+    """One row alone, among 7 others, and at a late position of a pack of 40 whose other rows
+    hold huge values, infinities and NaN: the same bits every time."""
+    k, b = 384, rand(rng, 45, 384, scale=0.05)
+    x = rand(rng, 1, k)
+    alone = product(x, b)[0]
+    batch = rand(rng, 8, k)
+    batch[5] = x[0]
+    np.testing.assert_array_equal(product(batch, b)[5], alone)
+    pack = rand(rng, 40, k, scale=1e30)
+    pack[3, 7], pack[11, 0], pack[30] = np.inf, np.nan, -np.inf
+    pack[37] = x[0]
+    np.testing.assert_array_equal(product(pack, b)[37], alone)
+
+
+def test_a_column_does_not_depend_on_the_other_rows_of_b(product, rng):
+    a, w = rand(rng, 21, 96), rand(rng, 13, 96)
+    whole = product(a, w)
+    for n in (0, 5, 6, 12):  # first, inside and past the first six-row block, the last
+        np.testing.assert_array_equal(product(a, w[n:n + 1].copy())[:, 0], whole[:, n])
+
+
+def test_thread_count_does_not_change_the_bits(product, rng):
+    a, b = rand(rng, 50, 200), rand(rng, 70, 200)
+    threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = product(a, b)
+    finally:
+        numba.set_num_threads(threads)
+    np.testing.assert_array_equal(product(a, b), one)
+
+
+def _host_has(flag: str) -> bool:
+    try:
+        return any(flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+def compute_everything(data: dict) -> dict:
+    """The motif and three kernels that lean on the target (fma, sqrt and division, f16
+    scales read with or without F16C), on `data`; run here and in the subprocess."""
+    from numerics_testlib import MOTIFS
+
+    from loomc.lower.commands import compile_kernel
+
+    out = {"product": compile_command(load_files([FIXTURE]), "product").run({}, {}, {"a": data["a"], "b": data["b"]})["c"]}
+    motifs = load_files(sorted(MOTIFS.glob("*.loom")))
+    x = data["x"]
+    out["rmsnorm"] = np.zeros_like(x)
+    compile_kernel(motifs, "rmsnorm")(x, data["w"], 1e-5, out["rmsnorm"])
+    out["layernorm"] = np.zeros_like(x)
+    compile_kernel(motifs, "layernorm")(x, data["w"], data["bias"], 1e-5, out["layernorm"])
+    out["matmul_q4_1"] = np.zeros((x.shape[0], data["q4_1"].shape[0]), np.float32)
+    compile_kernel(motifs, "matmul_q4_1")(x, data["q4_1"], out["matmul_q4_1"])
+    return out
+
+
+_CHILD = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_matmul_motif import compute_everything
+np.savez(sys.argv[3], **compute_everything(dict(np.load(sys.argv[2]))))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="the SIMD classes compared here are x86-64's")
+def test_other_simd_classes_compute_the_same_bits(rng, tmp_path):
+    from numerics_testlib import random_blocks
+
+    classes = [BASELINE] + ([AVX2] if _host_has("avx512f") else [])
+    data = {"a": rand(rng, 37, 101), "b": rand(rng, 29, 101), "x": rand(rng, 9, 96, scale=3.0),
+            "w": rand(rng, 96), "bias": rand(rng, 96), "q4_1": random_blocks(rng, "q4_1", (13, 96))}
+    np.savez(tmp_path / "in.npz", **data)
+    here = compute_everything(data)
+    for cpu, features in classes:
+        out = tmp_path / f"{cpu}.npz"
+        env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+        run = subprocess.run([sys.executable, "-c", _CHILD, str(Path(__file__).parent), str(tmp_path / "in.npz"),
+                              str(out)], env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        there = np.load(out)
+        for name, value in here.items():
+            np.testing.assert_array_equal(there[name], value, err_msg=json.dumps([cpu, name]))
