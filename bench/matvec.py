@@ -5,7 +5,8 @@ Run by hand (not in CI):
     .venv/bin/python bench/matvec.py                 # this tree against HEAD's loomc
     .venv/bin/python bench/matvec.py --ref HEAD~3 --rounds 5 --only q4_1
 
-The baseline is the `loomc/` (and `grammar/`) of `--ref`, extracted with `git archive` into a temporary
+The baseline is the `loomc/` (and, for commits before the grammar moved into `loomc/grammar/`, the
+top-level `grammar/`) of `--ref`, extracted with `git archive` into a temporary
 folder (nothing in the repository changes); each variant runs in its own process, and
 the processes alternate for `--rounds` rounds, so both see the same machine load. Each
 line gives the best time over all rounds of both variants, the GB/s of the weights
@@ -57,7 +58,7 @@ def worker(only: str | None, reps: int) -> None:
     from numerics_testlib import quantized
 
     from loomc.check import load_files
-    from loomc.lower.commands import compile_kernel
+    from loomc.run.compile import compile_kernel
 
     motifs = load_files(sorted((REPO / "loomc" / "motifs").glob("*.loom")))
     kernels: dict = {}
@@ -135,7 +136,11 @@ def main() -> None:
         worker(args.only, args.reps)
         return
     with tempfile.TemporaryDirectory(prefix="loom_bench_ref_") as tmp:
-        archive = subprocess.run(["git", "archive", "--format=tar", args.ref, "loomc", "grammar"], cwd=REPO,
+        # Older commits read the grammar from a top-level grammar/ (newer ones: loomc/grammar/).
+        old_grammar = subprocess.run(["git", "cat-file", "-e", f"{args.ref}:grammar"], cwd=REPO,
+                                     capture_output=True).returncode == 0
+        archive = subprocess.run(["git", "archive", "--format=tar", args.ref, "loomc",
+                                  *(["grammar"] if old_grammar else [])], cwd=REPO,
                                  capture_output=True, check=True).stdout
         tar_path = Path(tmp) / "ref.tar"
         tar_path.write_bytes(archive)

@@ -29,7 +29,7 @@ from machine import describe  # noqa: E402  (bench/machine.py)
 from numerics_testlib import dequantized, quantized  # noqa: E402
 
 from loomc.check import load_files  # noqa: E402
-from loomc.lower.commands import compile_command, compile_kernel  # noqa: E402
+from loomc.run.compile import compile_command, compile_kernel  # noqa: E402
 
 
 def timings(fn, reps: int) -> tuple[float, float]:

@@ -1,4 +1,5 @@
-"""`loomc test`: run the `check` blocks of `.loom` files and model documents on the control VM.
+"""Run the `check` blocks of `.loom` files and model documents on the control VM (`loomc test`,
+whose command is `loomc/cli/test.py`).
 
 A check passes when it runs to its end; it fails at its first false `expect`, at a
 run-time error, or at a `fail(...)`, and the reason starts with `path:line:col`. The
@@ -10,12 +11,9 @@ check reached both ways runs once, as deployed.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import click
 
 if TYPE_CHECKING:  # imported when a command runs, so `loomc --help` stays fast
     from loomc.check import CheckedProgram
@@ -34,8 +32,8 @@ def run_checks(checked: CheckedProgram, paths: set[str], budget: int | None = No
     """Run the checks of the modules whose display path is in `paths`, skipping names in `done`
     (and adding the ones run to it). `checked` must be ok."""
     from loomc.lower.vm import compile_program
-    from loomrt.errors import PolicyFailure, VmError
-    from loomrt.vm import Vm
+    from loomc.run.errors import PolicyFailure, VmError
+    from loomc.run.vm import Vm
 
     done = set() if done is None else done
     program = compile_program(checked)
@@ -84,31 +82,4 @@ def run_targets(files: list[Path], documents: list[Path], budget: int | None = N
     return results, diagnostics, sources
 
 
-@click.command("test")
-@click.argument("paths", nargs=-1, required=True)
-@click.option("--budget", type=click.IntRange(min=1), default=None,
-              help="Instructions each check may run (default 1000000).")
-def test(paths: tuple[str, ...], budget: int | None) -> None:
-    """Run the check blocks of .loom files, folders and model documents."""
-    from loomc.cli import _internal_errors
-
-    _internal_errors(_test)(paths, budget)
-
-
-def _test(paths: tuple[str, ...], budget: int | None) -> None:
-    from loomc.cli import collect_targets, report
-
-    files, documents, diagnostics = collect_targets(paths)
-    results, found, sources = run_targets(files, documents, budget)
-    diagnostics += found
-    unique = sorted({(d.path, d.line, d.column, d.code, d.message): d for d in diagnostics}.values(),
-                    key=lambda d: d.sort_key)
-    report(unique, sources, as_json=False)
-    for r in results:
-        click.echo(f"ok {r.name}" if r.ok else f"FAIL {r.name}: {r.reason}")
-    failed = sum(not r.ok for r in results)
-    click.echo(f"{len(results) - failed} passed, {failed} failed")
-    sys.exit(1 if failed or unique else 0)
-
-
-__all__ = ["CheckResult", "run_checks", "run_targets", "test"]
+__all__ = ["CheckResult", "run_checks", "run_targets"]

@@ -1,10 +1,13 @@
 """`loomd serve`: listeners, the bundled samples, signals.
 
-With no documents it registers the bundled samples (`samples/*/model.json`) whose weights
+With no documents it registers the bundled samples (`SAMPLES/*/model.json`) whose weights
 are installed (a `package:` checkpoint locator that resolves); the others are listed as
-skipped. SIGINT/SIGTERM stop admission (`/readyz` turns 503), let accepted work finish
-(for at most `--grace` seconds, then it is aborted at a step boundary), release every
-registration and exit 0. `--log-retention` bounds the `/logz` journal (entries kept).
+skipped. SAMPLES is `--samples DIR` or `$LOOM_SAMPLES` if given, else the `samples/` of the
+source checkout loomd was imported from; an installed package has none, and then serving
+without documents exits naming where it looked (`find_samples`). SIGINT/SIGTERM stop
+admission (`/readyz` turns 503), let accepted work finish (for at most `--grace` seconds,
+then it is aborted at a step boundary), release every registration and exit 0.
+`--log-retention` bounds the `/logz` journal (entries kept).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ import click
 from loomd.logz import RETAINED
 from loomrt.errors import LoomError
 
-SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+SAMPLES_ENV = "LOOM_SAMPLES"
+# Where a source checkout has its root when loomd is imported from one (`loomd/` beside
+# `samples/` and `pyproject.toml`). For an installed package this is site-packages.
+CHECKOUT = Path(__file__).resolve().parents[1]
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
 
@@ -46,13 +52,43 @@ def parse_device_memory(values: tuple[str, ...]) -> dict:
     return out
 
 
-def bundled_documents() -> list[tuple[Path, str | None]]:
-    """(document, reason it is skipped or None) for each bundled sample."""
+def checkout_samples() -> Path | None:
+    """The `samples/` of the source checkout loomd was imported from, or None when it was not
+    imported from a checkout (no `pyproject.toml` and `samples/` beside the `loomd/` package)."""
+    if (CHECKOUT / "pyproject.toml").is_file() and (CHECKOUT / "samples").is_dir():
+        return CHECKOUT / "samples"
+    return None
+
+
+def find_samples(given: Path | None, given_as: str = "--samples") -> Path:
+    """The folder whose `*/model.json` are served when no documents are named: `given` (from
+    `given_as`, the option or the environment variable) if any, else the checkout's
+    `samples/`. Raises `click.ClickException` saying where it looked and what to pass."""
+    if given is not None:
+        if not given.is_dir():
+            raise click.ClickException(f"the samples folder {str(given)!r} (from {given_as}) is not a directory")
+        if not any(given.glob("*/model.json")):
+            raise click.ClickException(f"the samples folder {str(given)!r} (from {given_as}) has no sample "
+                                       "packages (*/model.json)")
+        return given
+    found = checkout_samples()
+    if found is not None:
+        return found
+    raise click.ClickException(
+        f"no documents named and no bundled samples found. Looked for --samples DIR (not given), ${SAMPLES_ENV} "
+        f"(not set) and the samples/ of a source checkout at {CHECKOUT} (none: loomd was imported from "
+        f"{CHECKOUT / 'loomd'}, which has no samples/ and pyproject.toml beside it, as an installed package "
+        "has not). Name documents to serve (`loomd serve DOC.json ...`) or a folder of sample packages "
+        f"(`loomd serve --samples DIR`, or {SAMPLES_ENV}=DIR).")
+
+
+def bundled_documents(samples: Path) -> list[tuple[Path, str | None]]:
+    """(document, reason it is skipped or None) for each sample package in `samples`."""
     from loomrt.document import parse_document
     from loomrt.locator import resolve_locator
 
     out = []
-    for path in sorted(SAMPLES.glob("*/model.json")):
+    for path in sorted(samples.glob("*/model.json")):
         try:
             doc = parse_document(path.read_bytes(), origin=str(path))
             if doc.checkpoint is not None and doc.checkpoint.where == "locator":
@@ -63,8 +99,8 @@ def bundled_documents() -> list[tuple[Path, str | None]]:
     return out
 
 
-async def _serve(documents: tuple[str, ...], listen: tuple[str, ...], request_body_bytes: int, connections: int,
-                 device_memory: dict, grace: float, log_retention: int) -> None:
+async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], request_body_bytes: int,
+                 connections: int, device_memory: dict, grace: float, log_retention: int) -> None:
     from aiohttp import web
 
     from loomd.app import Settings, make_app
@@ -85,7 +121,7 @@ async def _serve(documents: tuple[str, ...], listen: tuple[str, ...], request_bo
     for address in runner.addresses:
         shown = f"unix:{address}" if isinstance(address, str) else f"http://{address[0]}:{address[1]}"
         click.echo(f"loomd: listening on {shown}")
-    paths = [(Path(d), None) for d in documents] if documents else bundled_documents()
+    paths = [(Path(d), None) for d in documents] if documents else bundled_documents(samples)
     for path, skipped in paths:
         if skipped:
             click.echo(f"loomd: skipping {path}: {skipped}")
@@ -116,6 +152,9 @@ def main() -> None:
 
 @main.command()
 @click.argument("documents", nargs=-1)
+@click.option("--samples", "samples", envvar=SAMPLES_ENV, metavar="DIR", type=click.Path(path_type=Path),
+              help=f"with no documents, serve the sample packages (*/model.json) in this folder "
+                   f"(env {SAMPLES_ENV}; default: the samples/ of the source checkout loomd runs from)")
 @click.option("--listen", multiple=True, help="HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:8080)")
 @click.option("--request_body_bytes", "--request-body-bytes", "request_body_bytes", type=click.IntRange(1),
               default=64 * 1024 * 1024, show_default=True, help="bound on a decoded request body")
@@ -127,14 +166,26 @@ def main() -> None:
 @click.option("--log-retention", "--log_retention", "log_retention", type=click.IntRange(1), default=RETAINED,
               show_default=True, help="log journal entries kept for /logz and /logz/stream; a cursor older "
                                       "than that gets a gap record")
-def serve(documents: tuple[str, ...], listen: tuple[str, ...], request_body_bytes: int, connections: int,
-          device_memory: tuple[str, ...], grace: float, log_retention: int) -> None:
-    """Serve model documents (default: the installed bundled samples) over HTTP."""
+def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], request_body_bytes: int,
+          connections: int, device_memory: tuple[str, ...], grace: float, log_retention: int) -> None:
+    """Serve model documents (default: the bundled samples whose weights are installed) over HTTP."""
+    from loomd.aiohttp_adapter import check_aiohttp_version
+
+    try:
+        check_aiohttp_version()  # before anything starts: the HTTP layer relies on tested aiohttp internals
+    except RuntimeError as exc:
+        click.echo(f"loomd: {exc}", err=True)
+        sys.exit(1)
     for value in listen:
         parse_listen(value)
     budgets = parse_device_memory(device_memory)
+    if not documents:
+        source = click.get_current_context().get_parameter_source("samples")
+        samples = find_samples(samples, SAMPLES_ENV if source == click.core.ParameterSource.ENVIRONMENT
+                               else "--samples")
     try:
-        asyncio.run(_serve(documents, listen, request_body_bytes, connections, budgets, grace, log_retention))
+        asyncio.run(_serve(documents, samples, listen, request_body_bytes, connections, budgets, grace,
+                           log_retention))
     except OSError as exc:
         click.echo(f"loomd: {exc}", err=True)
         sys.exit(1)

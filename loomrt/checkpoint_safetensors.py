@@ -18,10 +18,7 @@ from safetensors import safe_open
 
 from loomrt.checkpoints import Checkpoint, TensorInfo
 from loomrt.errors import CheckpointError
-from loomrt.launch import STORAGE
-
-DTYPES = {"BOOL": "bool", "I8": "i8", "I16": "i16", "I32": "i32", "I64": "i64", "U8": "u8", "U16": "u16",
-          "U32": "u32", "U64": "u64", "F16": "f16", "BF16": "bf16", "F32": "f32", "F64": "f64"}
+from loomc.run.launch import HOST_STORAGE
 
 
 class SafetensorsCheckpoint(Checkpoint):
@@ -35,13 +32,14 @@ class SafetensorsCheckpoint(Checkpoint):
             for name in keys:
                 s = self._file.get_slice(name)
                 raw = s.get_dtype()
-                self._infos[name] = TensorInfo(name, DTYPES.get(raw, raw.lower()), tuple(int(d) for d in s.get_shape()))
+                # safetensors spells dtypes as Loom does, in upper case ("BF16"; `loomc.dtypes`).
+                self._infos[name] = TensorInfo(name, raw.lower(), tuple(int(d) for d in s.get_shape()))
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors raises its own SafetensorError and OSError
             raise CheckpointError(f"cannot read safetensors checkpoint {path}: {exc}") from None
         self._raw: np.memmap | None = None
-        self._offsets: dict[str, tuple[int, int]] | None = None
+        self._offsets: dict[str, int] | None = None  # tensor name -> file offset of its data
 
     def close(self) -> None:
         self._file = None
@@ -55,14 +53,9 @@ class SafetensorsCheckpoint(Checkpoint):
                 with open(self.path, "rb") as f:
                     (n,) = struct.unpack("<Q", f.read(8))
                     header = json.loads(f.read(n))
-                self._offsets = {k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
-                                 for k, v in header.items() if k != "__metadata__"}
+                self._offsets = {k: 8 + n + v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
                 self._raw = np.memmap(self.path, dtype=np.uint8, mode="c")
             except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
                 raise CheckpointError(f"cannot read safetensors checkpoint {self.path}: {exc}") from None
-        start, end = self._offsets[info.name]
-        dtype = np.dtype(STORAGE[info.dtype]).newbyteorder("<")
-        data = self._raw[start:end]
-        if start % dtype.itemsize:
-            data = data.copy()
-        return data.view(dtype).reshape(info.shape)
+        dtype = np.dtype(HOST_STORAGE[info.dtype]).newbyteorder("<")
+        return self._mapped(self._raw, info, self._offsets[info.name], dtype, info.shape)

@@ -8,7 +8,7 @@ returns a `Checkpoint`:
                    row-major shape (GGUF lists dims fastest-first; this is reversed back)
     get(name)      the tensor's storage array (memory-mapped where the format allows)
 
-Storage is what `loomrt.launch` binds: a numeric tensor is a numpy array of its dtype
+Storage is what `loomc.run.launch` binds: a numeric tensor is a numpy array of its dtype
 (bf16 as uint16 bits); a q4_0/q4_1/q8_0 tensor of logical shape `[..., K]` is its raw
 GGUF block bytes, a uint8 array `[..., K / 32 * bytes_per_block]`, never dequantized.
 Failures are `CheckpointError`s.
@@ -17,11 +17,13 @@ Failures are `CheckpointError`s.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from loomc.dtypes import DTYPES
 from loomrt.errors import CheckpointError
 
 GGUF_MAGIC = b"GGUF"
@@ -89,9 +91,22 @@ class Checkpoint:
     def _load(self, info: TensorInfo) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _mapped(self, raw: np.memmap | None, info: TensorInfo, start: int, dtype: np.dtype,
+                shape: tuple[int, ...]) -> np.ndarray:
+        """`info`'s tensor, stored as `dtype[shape]` from byte `start` of the file that `raw` maps
+        (copy-on-write): a view, copied only when `start` is not a multiple of the item size."""
+        if raw is None:
+            raise CheckpointError(f"checkpoint {self.path.name} is closed")
+        end = start + math.prod(shape) * dtype.itemsize
+        if end > len(raw):
+            raise CheckpointError(f"checkpoint {self.path.name}: '{info.name}' ({info}) runs past the end of the file")
+        data = raw[start:end]
+        if start % dtype.itemsize:
+            data = data.copy()
+        return data.view(dtype).reshape(shape)
 
-SUPPORTED_DTYPES = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32", "f64",
-                    "q4_0", "q4_1", "q8_0")
+
+SUPPORTED_DTYPES = tuple(DTYPES)
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:

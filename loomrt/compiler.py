@@ -1,11 +1,13 @@
 """Compile a deployment's code: a `ModelDocument`'s control, prepare and sources into runnable parts.
 
 `compile_deployment` is what a registration's compile phase and every variant staging
-run, on a worker thread. It checks the program exactly as `loomc check` does (package
-members are read from the uploaded package, never from the disk), compiles the control
-program to VM code and every stage's command to a `CommandProgram` for the device's
-target, and records the `Contract` a variant must keep: stage declarations, the params
-the commands bind (placement: name, dtype, dims, family) and the retained state layout.
+run, on a worker thread. loomc checks the program exactly as `loomc check` does (package
+members are read from the uploaded package, never from the disk) and compiles it into a
+`CompiledModule` (stage table, preparation plans, state layout, folded configs, VM code,
+command plans); this module builds the module's programs for the device's target and
+records the `Contract` a variant must keep: stage declarations, the params the commands
+bind (placement: name, dtype, dims, family) and the retained state layout. The runtime
+reads only the module, never the compiler's syntax trees.
 
 Failures are `CompileError` (422) carrying every diagnostic as `path:line:col`.
 """
@@ -17,16 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loomc.check import CheckedProgram
-from loomc.check.document import load_roles
-from loomc.check.program import UPLOAD, package_path
-from loomc.lower.commands import compile_command
-from loomc.lower.scalars import LoweringError
-from loomc.lower.vm import VmCompileError, VmProgram, compile_program
-from loomc.syntax import ast
-from loomc.syntax.diagnostics import Diagnostic
+from loomc.module import UPLOAD, CompiledModule, ModuleError, build_module, package_path
+from loomc.run.compile import build_programs
 from loomrt.document import FileRef, ModelDocument
-from loomrt.errors import CompileError
+from loomrt.errors import CompileError, run_errors
 from loomrt.locator import resolve_locator
 
 
@@ -45,7 +41,16 @@ class Contract:
 
     stages: Mapping[str, str]                 # stage name -> its declaration, printed
     params: Mapping[str, tuple]               # param name -> (dtype, dims, family) as commands bind it
-    states: Mapping[str, tuple]               # state name -> (dtype, dims)
+    states: Mapping[str, str]                 # state name -> its layout, e.g. f32[<rows>, 8]
+
+    @staticmethod
+    def of(module: CompiledModule) -> "Contract":
+        params: dict[str, tuple] = {}
+        for plan in module.commands.values():
+            for name, spec in plan.params.items():
+                params[name] = (spec.dtype, tuple(str(d) for d in spec.dims), spec.family)
+        return Contract({name: stage.declaration for name, stage in module.stages.items()}, params,
+                        {name: str(spec) for name, spec in module.states.items()})
 
     def differences(self, other: "Contract") -> list[str]:
         """Why `other` cannot run in place of `self` (empty when it can)."""
@@ -62,15 +67,13 @@ class Contract:
                 out.append(f"param '{name}' is bound by the candidate but not prepared for the base")
         for name in sorted(set(self.states) | set(other.states)):
             if self.states.get(name) != other.states.get(name):
-                base = _spec(self.states[name]) if name in self.states else "nothing"
-                cand = _spec(other.states[name]) if name in other.states else "nothing"
-                out.append(f"state '{name}': the base retains {base}, the candidate {cand}")
+                out.append(f"state '{name}': the base retains {self.states.get(name, 'nothing')}, "
+                           f"the candidate {other.states.get(name, 'nothing')}")
         return out
 
 
 def _spec(spec: tuple) -> str:
-    dtype, dims = spec[0], spec[1]
-    family = spec[2] if len(spec) > 2 else None
+    dtype, dims, family = spec
     text = f"{dtype}[{', '.join(map(str, dims))}]"
     return text + (f" for members {family[0]}..{family[1]}" if family else "")
 
@@ -79,28 +82,27 @@ def _spec(spec: tuple) -> str:
 class Executables:
     """One provider set compiled for a target: what a variant is, once ready."""
 
-    checked: CheckedProgram
+    module: CompiledModule
     programs: dict[str, Any]                  # stage name -> CommandProgram
-    control: VmProgram
     contract: Contract
     sources: tuple[str, ...]                  # the providers, as loaded (for records)
     target: str = "cpu"
     notes: list[str] = field(default_factory=list)
 
-
-def _stage_items(checked: CheckedProgram) -> list[tuple[Any, ast.Stage]]:
-    return [(info, item) for info in checked.roles.get("control", [])
-            for item in info.module.items if isinstance(item, ast.Stage)]
-
-
-def _diagnostics_error(what: str, checked: CheckedProgram) -> CompileError:
-    return CompileError(what, checked.diagnostics, checked.sources)
+    @property
+    def control(self):
+        """The control program's VM code."""
+        return self.module.control
 
 
-def check_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None,
+#: The namespace of the registration's own package while a variant candidate is checked.
+MODEL = "model"
+
+
+def build_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None,
                      sources: tuple[FileRef, ...] | None = None,
-                     upload: Mapping[str, bytes] | None = None) -> CheckedProgram:
-    """The checked program of `doc`, or of a variant candidate: `sources` replacing the
+                     upload: Mapping[str, bytes] | None = None) -> CompiledModule:
+    """The compiled module of `doc`, or of a variant candidate: `sources` replacing the
     document's own, with package references in `sources` naming members of `upload`."""
     packages: dict[str, Mapping[str, bytes]] = {}
     ns = UPLOAD
@@ -110,66 +112,31 @@ def check_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None,
             packages[UPLOAD] = upload
     if package is not None:
         packages[ns] = package
-    control = code_path(doc.control, ns)
-    prepare = [code_path(doc.prepare, ns)] if doc.prepare else []
+    prepare = {"primary": [code_path(doc.prepare, ns)] if doc.prepare else []}
     if sources is None:
         source_paths = [code_path(s, ns) for s in doc.sources]
     else:
         source_paths = [code_path(s, UPLOAD) for s in sources]
     if doc.image is not None:
-        prepare += [code_path(doc.image.prepare, ns)] if doc.image.prepare else []
+        prepare["image"] = [code_path(doc.image.prepare, ns)] if doc.image.prepare else []
         source_paths += [code_path(s, ns) for s in doc.image.sources]
-    checked = load_roles(doc.origin or doc.model, control, prepare, source_paths, dict(doc.config), packages)
-    if not checked.ok:
-        raise _diagnostics_error(f"model '{doc.model}' does not compile", checked)
-    return checked
-
-
-#: The namespace of the registration's own package while a variant candidate is checked.
-MODEL = "model"
+    try:
+        return build_module(doc.origin or doc.model, code_path(doc.control, ns), prepare, source_paths,
+                            dict(doc.config), packages)
+    except ModuleError as exc:
+        raise CompileError(f"model '{doc.model}' does not compile", exc.diagnostics, exc.sources) from None
 
 
 def compile_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None, *, target: str = "cpu",
                        sources: tuple[FileRef, ...] | None = None, upload: Mapping[str, bytes] | None = None,
                        cache_dir: Path | None = None) -> Executables:
-    """Check, lower and JIT-compile a deployment's code (or a candidate provider set)."""
-    checked = check_deployment(doc, package, sources, upload)
-    try:
-        control = compile_program(checked)
-    except VmCompileError as exc:  # pragma: no cover - a checked program always compiles
-        raise CompileError(f"control program: {exc}", [], checked.sources) from None
-    programs: dict[str, Any] = {}
-    stages: dict[str, str] = {}
-    for info, stage in _stage_items(checked):
-        stages[stage.name] = _print_stage(stage)
-        try:
-            programs[stage.name] = compile_command(checked, stage.name, target, cache_dir)
-        except LoweringError as exc:
-            diag = Diagnostic(exc.path, exc.span.line, exc.span.column, "L0900", exc.message)
-            raise CompileError(f"model '{doc.model}' does not compile", [diag], checked.sources) from None
-        except ValueError as exc:
-            raise CompileError(f"stage '{stage.name}': {exc}", [], checked.sources) from None
-    params: dict[str, tuple] = {}
-    states: dict[str, tuple] = {}
-    for program in programs.values():
-        for name, spec in program.plan.params.items():
-            params[name] = (spec.dtype, tuple(str(d) for d in spec.dims), spec.family)
-        for name, spec in program.plan.states.items():
-            states[name] = (spec.dtype, tuple(str(d) for d in spec.dims))
+    """Compile a deployment's code (or a candidate provider set) and build it for `target`."""
+    module = build_deployment(doc, package, sources, upload)
+    with run_errors():
+        programs = build_programs(module, target, cache_dir)
     shown = tuple(code_path(s).as_posix() if s.where != "package" else s.path
                   for s in (sources if sources is not None else doc.sources))
-    if sources is not None:
-        # A candidate's executables are independent of its upload: staging releases the
-        # package's bytes once compiled (the registration's own package stays, as it must).
-        checked.program.packages.pop(UPLOAD, None)
-    return Executables(checked, programs, control, Contract(stages, params, states), shown, target)
+    return Executables(module, programs, Contract.of(module), shown, target)
 
 
-def _print_stage(stage: ast.Stage) -> str:
-    from loomc.syntax.printer import format_module
-
-    text = format_module(ast.Module("", [stage]))
-    return " ".join(text.split())
-
-
-__all__ = ["Contract", "Executables", "check_deployment", "code_path", "compile_deployment"]
+__all__ = ["Contract", "Executables", "build_deployment", "code_path", "compile_deployment"]

@@ -33,6 +33,12 @@ in one place, and anything that is not a `LoomError` becomes a 500 there.
         │   └── VmMemoryExceeded        a value or the call's allocations grew past their budget
         └── VmExpectFailed              an `expect` in a check block was false (loomc test only)
 
+The executors (control VM, kernel launchers, command programs) live in `loomc.run` and
+raise `loomc.run.errors.RunError`s, which know nothing of HTTP; `from_run_error` (and
+`run_errors()`, the context manager the runtime wraps every executor call in) is the one
+place they become the classes above: PolicyFailure, DispatchError and VmError with their
+kinds, and TargetNotBuilt as NotImplementedFeature.
+
 Control-code faults are 500s, not 400s: the policy is part of the deployed package, so
 a policy that indexes null or loops forever is the package's fault, never the client's.
 A policy that wants to reject a request says so with `fail(400, ...)`.
@@ -40,7 +46,11 @@ A policy that wants to reject a request says so with `fail(400, ...)`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
+
+from loomc.run import errors as run
 
 
 def type_for_status(status: int) -> str:
@@ -149,9 +159,9 @@ class DeviceMemoryExhausted(Unavailable):
 class PolicyFailure(LoomError):
     """Control code rejected the request: `fail(status, message)`.
 
-    The status is the policy's choice, limited to 400..599 (a policy cannot answer 200 by
-    failing); the type follows its class. `path`/`line`/`column` say which `fail` it was,
-    for logs only: the message is the policy's own and goes to the client unchanged."""
+    The status is the policy's choice (400..599); the type follows its class. `path`/`line`/
+    `column` say which `fail` it was, for logs only: the message is the policy's own and goes
+    to the client unchanged."""
 
     status, type, code = 400, "invalid_request_error", "policy_failure"
 
@@ -190,30 +200,9 @@ class DispatchError(LoomError, ValueError):
     status, type, code = 500, "internal_error", "dispatch_error"
 
 
-class StageInputError(DispatchError):
-    """An input is missing, unknown, or disagrees with the stage's declared dtype or shape."""
-
-    code = "stage_input_error"
-
-
-class BindingError(DispatchError):
-    """A param or state array disagrees with its declaration."""
-
-    code = "binding_error"
-
-
-class KernelArgumentError(DispatchError):
-    """An argument does not fit the kernel's signature; names the kernel, the argument and the numbers."""
-
-    code = "kernel_argument_error"
-
-
 class VmError(LoomError):
-    """Control code failed at run time. `locate` prefixes the source position once.
-
-    Host functions raise these without a position; the interpreter adds the position of
-    the instruction that called them. `trace` lists the active calls, innermost first,
-    as "path:line:col in fn NAME" (for logs; the message names only the innermost)."""
+    """Control code failed at run time; the message starts with its `path:line:col`, and
+    `trace` lists the active calls, innermost first (for logs)."""
 
     status, type, code = 500, "internal_error", "control_error"
 
@@ -224,35 +213,57 @@ class VmError(LoomError):
         self.column = 0
         self.trace: list[str] = []
 
-    def locate(self, path: str, line: int, column: int) -> "VmError":
-        if self.path is None:
-            self.path, self.line, self.column = path, line, column
-            self.message = f"{path}:{line}:{column}: {self.message}"
-            self.args = (self.message,)
-        return self
+
+def _kind_of(run_kind: type, family: type[LoomError]) -> type[LoomError]:
+    """The runtime class of an executor error kind: its family's status, the kind's name and code."""
+    return type(run_kind.__name__, (family,), {"code": run_kind.code, "__doc__": run_kind.__doc__,
+                                               "__module__": __name__})
 
 
-class VmRuntimeError(VmError):
-    code = "control_runtime_error"
+StageInputError = _kind_of(run.StageInputError, DispatchError)
+BindingError = _kind_of(run.BindingError, DispatchError)
+KernelArgumentError = _kind_of(run.KernelArgumentError, DispatchError)
+VmRuntimeError = _kind_of(run.VmRuntimeError, VmError)
+VmBudgetExceeded = _kind_of(run.VmBudgetExceeded, VmError)  # a runaway policy: the package's fault, so 500
+VmMemoryExceeded = _kind_of(run.VmMemoryExceeded, VmBudgetExceeded)
+VmExpectFailed = _kind_of(run.VmExpectFailed, VmError)
+
+# Each executor error kind and the runtime error it becomes (the most specific kind wins).
+_FROM_RUN: dict[type, type[LoomError]] = {
+    run.TargetNotBuilt: NotImplementedFeature, run.DispatchError: DispatchError, run.VmError: VmError,
+    **{getattr(run, cls.__name__): cls for cls in (StageInputError, BindingError, KernelArgumentError,
+                                                   VmRuntimeError, VmBudgetExceeded, VmMemoryExceeded,
+                                                   VmExpectFailed)},
+}
 
 
-class VmBudgetExceeded(VmError):
-    """A runaway policy (endless loop, runaway recursion): a fault of the package, so 500."""
+def from_run_error(exc: run.RunError) -> LoomError:
+    """The runtime's error for an executor's: same message, param and source position."""
+    if isinstance(exc, run.PolicyFailure):
+        out: LoomError = PolicyFailure(exc.status, exc.message, param=exc.param)
+    else:
+        cls = next((_FROM_RUN[c] for c in type(exc).__mro__ if c in _FROM_RUN), LoomError)
+        out = cls(exc.message, param=exc.param)
+    for name in ("path", "line", "column", "trace"):
+        if hasattr(exc, name):
+            setattr(out, name, getattr(exc, name))
+    out.__cause__ = exc
+    return out
 
-    code = "control_budget_exceeded"
 
-
-class VmMemoryExceeded(VmBudgetExceeded):
-    code = "control_memory_exceeded"
-
-
-class VmExpectFailed(VmError):
-    code = "control_expect_failed"
+@contextlib.contextmanager
+def run_errors() -> Iterator[None]:
+    """Around a call into `loomc.run` (a policy, a stage): its errors leave as LoomErrors."""
+    try:
+        yield
+    except run.RunError as exc:
+        raise from_run_error(exc) from exc
 
 
 __all__ = [
     "BindingError", "CheckpointError", "CompileError", "Conflict", "DeviceMemoryExhausted", "DispatchError", "ExpectationFailed", "Gone",
     "InvalidDecision", "InvalidRequest", "KernelArgumentError", "LocatorNotFound", "LoomError", "NotFound", "NotImplementedFeature",
     "PayloadTooLarge", "PolicyFailure", "PrepareError", "QueueFull", "StageInputError", "TooManyRequests", "Unavailable",
-    "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "type_for_status",
+    "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "from_run_error",
+    "run_errors", "type_for_status",
 ]

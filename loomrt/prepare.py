@@ -1,8 +1,11 @@
 """The weight-preparation program: run a checked program's `param` declarations on a checkpoint.
 
-    prepare_params(checked, checkpoint) -> {name: array, family: [array per member]}
+    prepare_params(plan, checkpoint) -> {name: array, family: [array per member]}
 
-The result is exactly what `CommandProgram.run(params=...)` binds (see `loomrt.launch`):
+`plan` is a component's `PreparePlan` from the `CompiledModule` (loomc lowers the `param`
+declarations with every constant folded), so nothing here reads compiler syntax.
+
+The result is exactly what `CommandProgram.run(params=...)` binds (see `loomc.run.launch`):
 numeric params are C-contiguous numpy arrays of their dtype (f16 as float16, bf16 as
 uint16 bits), q4_0/q4_1/q8_0 params are GGUF block bytes, uint8 `[..., K / 32 * bpb]`.
 A family `[l in a..b]` becomes a list of its members in index order. Arrays straight from
@@ -24,14 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loomc.check import CheckedProgram
-from loomc.check.core import ConstError
-from loomc.check.program import ModuleInfo
 from loomc.ir import module as ir
-from loomc.syntax import ast
+from loomc.lower.prepare import (Cast, Concat, FromCheckpoint, ParamPlan, Prep, PreparePlan, Quantize, Reshape,
+                                 Transpose)
 from loomrt.checkpoints import Checkpoint
 from loomrt.errors import CheckpointError, PrepareError
-from loomrt.launch import STORAGE
+from loomc.run.launch import STORAGE
 
 QUANT = ir.QUANT_DTYPES
 BLOCK = ir.QUANT_BLOCK_ELEMS
@@ -136,46 +137,18 @@ def _reshape(v: Value, dims: list[int]) -> Value:
     return Value(v.dtype, np.ascontiguousarray(v.array).reshape(dims))
 
 
-class _Evaluator:
-    """Evaluates one param member's preparation expression."""
+class _Member:
+    """Evaluates one param member's preparation (the plan's `Prep` tree) on the checkpoint."""
 
-    def __init__(self, checked: CheckedProgram, info: ModuleInfo, checkpoint: Checkpoint,
-                 family_var: str | None, index: int | None):
-        self.core, self.info, self.checkpoint = checked.core, info, checkpoint
-        self.family_var, self.index = family_var, index
+    def __init__(self, param: ParamPlan, checkpoint: Checkpoint, index: int | None):
+        self.param, self.checkpoint, self.index = param, checkpoint, index
         self.names: list[str] = []
 
-    def const(self, e: ast.Expr) -> int:
-        try:
-            value, _ = self.core.const_eval(self.info, e)
-        except ConstError:
-            raise _Failure("a constant does not fold (the program did not check)") from None
-        return int(value)
-
-    def dims(self, items: list[ast.Expr]) -> list[int]:
-        out = []
-        for d in items:
-            try:
-                value = self.core.dim(self.info, d, None).constant
-            except ConstError:
-                value = None
-            if value is None:
-                raise _Failure("a dimension does not fold (the program did not check)")
-            out.append(int(value))
-        return out
-
-    def name(self, e: ast.StrLit) -> str:
-        text = e.value
-        if self.family_var is not None:
-            text = text.replace("{" + self.family_var + "}", str(self.index))
-        return text
-
-    def eval(self, e: ast.Expr) -> Value:
-        if not isinstance(e, ast.Call) or not isinstance(e.callee, ast.Name):
-            raise _Failure("not a preparation (the program did not check)")
-        fn, args = e.callee.name, e.args
-        if fn == "checkpoint":
-            name = self.name(args[0])
+    def eval(self, e: Prep) -> Value:
+        if isinstance(e, FromCheckpoint):
+            name = e.name
+            if self.param.family_var is not None:
+                name = name.replace("{" + self.param.family_var + "}", str(self.index))
             self.names.append(name)
             if name not in self.checkpoint:
                 raise _Failure(self.checkpoint.missing(name))
@@ -184,79 +157,51 @@ class _Evaluator:
                 return Value(info.dtype, self.checkpoint.get(name))
             except CheckpointError as exc:
                 raise _Failure(exc.message) from None
-        if fn == "transpose":
-            v = self.eval(args[0])
+        if isinstance(e, Transpose):
+            v = self.eval(e.source)
             if v.dtype in QUANT:
                 raise _Failure(f"cannot transpose {v}: block-quantized tensors keep their blocks; "
                                "transpose before quantize")
             return Value(v.dtype, np.ascontiguousarray(v.array.T))
-        if fn == "cast":
-            return _cast(self.eval(args[0]), args[1].name)
-        if fn == "quantize":
-            return _quantize(self.eval(args[0]), args[1].name)
-        if fn == "concat":
-            return _concat([self.eval(item) for item in args[0].items], self.const(args[1]))
-        if fn == "reshape":
-            return _reshape(self.eval(args[0]), self.dims(args[1].items))
-        raise _Failure(f"unknown preparation '{fn}' (the program did not check)")
+        if isinstance(e, Cast):
+            return _cast(self.eval(e.source), e.dtype)
+        if isinstance(e, Quantize):
+            return _quantize(self.eval(e.source), e.dtype)
+        if isinstance(e, Concat):
+            return _concat([self.eval(item) for item in e.sources], e.axis)
+        if isinstance(e, Reshape):
+            return _reshape(self.eval(e.source), list(e.dims))
+        raise _Failure(f"unknown preparation {type(e).__name__}")
 
 
-def _param_modules(checked: CheckedProgram) -> list[ModuleInfo]:
-    if checked.roles:
-        return list(checked.roles.get("prepare", []))
-    return checked.modules
-
-
-def param_declarations(checked: CheckedProgram) -> list[tuple[ModuleInfo, ast.Param]]:
-    """The params to prepare: those of the document's prepare modules, else all of the program's."""
-    seen: set[tuple] = set()
-    out = []
-    for info in _param_modules(checked):
-        if info.key in seen:
-            continue
-        seen.add(info.key)
-        out += [(info, item) for item in info.module.items if isinstance(item, ast.Param)]
-    return out
-
-
-def prepare_params(checked: CheckedProgram, checkpoint: Checkpoint) -> dict[str, np.ndarray | list[np.ndarray]]:
-    """Run every param declaration against `checkpoint`; the result binds as `run(params=...)`."""
-    if not checked.ok:
-        raise PrepareError("cannot prepare weights: the program has errors" +
-                           (f" ({checked.diagnostics[0].message})" if checked.diagnostics else ""))
+def prepare_params(plan: PreparePlan, checkpoint: Checkpoint) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """Run every param of a component's plan against `checkpoint`; the result binds as `run(params=...)`."""
     out: dict[str, np.ndarray | list[np.ndarray]] = {}
-    for info, p in param_declarations(checked):
-        declared = checked.core.tensor_type(info, p.type, None)
-        want_dims = tuple(int(d.constant) for d in declared.dims)
-        want = f"{declared.dtype}[{', '.join(map(str, want_dims))}]"
-        if p.family is None:
-            out[p.name] = _prepare_one(checked, info, p, checkpoint, None, declared.dtype, want_dims, want)
-            continue
-        lo = int(checked.core.const_eval(info, p.family.start)[0])
-        hi = int(checked.core.const_eval(info, p.family.end)[0])
-        out[p.name] = [_prepare_one(checked, info, p, checkpoint, i, declared.dtype, want_dims, want)
-                       for i in range(lo, hi)]
+    for param in plan.params:
+        if param.family is None:
+            out[param.name] = _prepare_one(param, checkpoint, None)
+        else:
+            out[param.name] = [_prepare_one(param, checkpoint, i) for i in range(*param.family)]
     return out
 
 
-def _prepare_one(checked: CheckedProgram, info: ModuleInfo, p: ast.Param, checkpoint: Checkpoint,
-                 index: int | None, dtype: str, dims: tuple[int, ...], want: str) -> np.ndarray:
-    ev = _Evaluator(checked, info, checkpoint, p.family.var if p.family else None, index)
+def _prepare_one(param: ParamPlan, checkpoint: Checkpoint, index: int | None) -> np.ndarray:
+    member = _Member(param, checkpoint, index)
 
     def where() -> str:
-        member = f"[{index}]" if index is not None else ""
-        return f"param '{p.name}'{member} ({', '.join(ev.names) or 'no checkpoint tensor'})"
+        at = f"[{index}]" if index is not None else ""
+        return f"param '{param.name}'{at} ({', '.join(member.names) or 'no checkpoint tensor'})"
 
     try:
-        v = ev.eval(p.value)
+        v = member.eval(param.value)
     except _Failure as exc:
-        raise PrepareError(f"{where()}: {exc}", param=p.name) from None
-    if v.dtype != dtype or v.shape != dims:
-        raise PrepareError(f"{where()}: expected {want}, got {v}", param=p.name)
+        raise PrepareError(f"{where()}: {exc}", param=param.name) from None
+    if v.dtype != param.dtype or v.shape != param.dims:
+        raise PrepareError(f"{where()}: expected {param.declared}, got {v}", param=param.name)
     array = v.array
-    if dtype == "f16" and array.dtype == np.uint16:  # pragma: no cover - no source yields f16 bits today
+    if param.dtype == "f16" and array.dtype == np.uint16:  # pragma: no cover - no source yields f16 bits today
         array = array.view(np.float16)
     return np.ascontiguousarray(array)
 
 
-__all__ = ["Value", "param_declarations", "prepare_params"]
+__all__ = ["Value", "prepare_params"]

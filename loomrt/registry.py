@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import re
 import threading
 import time
@@ -221,7 +220,7 @@ class Registry:
             except NotImplementedFeature as exc:   # the device's target has no runnable back end yet
                 raise NotImplementedFeature(f"model '{doc.model}' cannot run on {device.name}: {exc.message}",
                                             param="device") from None
-            host_sizes(ex, doc)  # a state layout the host cannot size fails now, not at first use
+            host_sizes(ex.module, doc)  # a state layout the host cannot size fails now, not at first use
             tokenizer = self._load_tokenizer(reg) if doc.tokenizer is not None else None
             kind_module = serving_module(doc.kind, set(ex.programs))
             make_policy = getattr(kind_module, "create_policy", None)
@@ -261,7 +260,7 @@ class Registry:
         try:
             if ref.where == "package":
                 return unpadded(Tokenizer.from_str(reg.package[ref.path].decode("utf-8")))
-            return load_tokenizer(code_path(ref))
+            return load_tokenizer(code_path(ref), cache_dir=self.cache_dir)
         except LoomError:
             raise
         except Exception as exc:
@@ -270,29 +269,22 @@ class Registry:
 
     def _prepare(self, reg: Registration, component: str) -> dict[str, Any]:
         """Run the component's `prepare` program against its checkpoint (once per activation)."""
-        doc, ex = reg.document, reg.executables
-        prepares = ex.checked.roles.get("prepare", [])
-        main = 1 if doc.prepare is not None else 0
-        if component == "primary":
-            modules, checkpoint = prepares[:main], doc.checkpoint
-        else:
-            modules, checkpoint = prepares[main:], doc.image.checkpoint
-        checked = dataclasses.replace(ex.checked, roles={**ex.checked.roles, "prepare": modules})
-        has_params = any(True for info in modules for item in info.module.items
-                         if type(item).__name__ == "Param")
-        if not has_params:
+        doc = reg.document
+        plan = reg.executables.module.components[component]
+        if not plan.params:
             return {}
+        checkpoint = doc.checkpoint if component == "primary" else doc.image.checkpoint
         if checkpoint is None:
             raise PrepareError(f"model '{doc.model}' declares params but its document names no checkpoint",
                                param="checkpoint")
         with open_checkpoint(code_path(checkpoint)) as ckpt:
-            return prepare_params(checked, ckpt)
+            return prepare_params(plan, ckpt)
 
     def _prepare_service(self, reg: Registration) -> None:
         self._set_phase(reg, "preparing")
         component = reg.components["primary"]
         self.residency.load(component)
-        state = allocate_state(reg.executables, reg.document)
+        state = allocate_state(reg.executables.module, reg.document)
         owner = f"{reg.name}/primary"
         with self._lock:
             reg.state_bytes = state_bytes(state)
@@ -559,7 +551,7 @@ class Registry:
             if problems:
                 raise CompileError(f"the candidate does not keep base variant {base.id}'s contract: "
                                    + "; ".join(problems))
-            host_sizes(ex, reg.document)
+            host_sizes(ex.module, reg.document)
             candidate.finish(ex)
         except LoomError as exc:
             # the retained error must not keep the compiler's frames (and with them the

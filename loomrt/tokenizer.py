@@ -4,6 +4,8 @@ A GGUF carries no `tokenizer.json`, only llama.cpp's `tokenizer.ggml.*` keys: th
 (`gpt2` = byte-level BPE), the pre-tokenizer name (`tokenizer.ggml.pre`), the vocabulary, the merges
 and a type per token. `tokenizer_from_gguf` turns those into a `tokenizers.Tokenizer` directly: no
 network, no transformers import (transformers is only the reference the tests compare against).
+The metadata is read by the checkpoint reader (`loomrt.checkpoint_gguf.GgufCheckpoint.metadata`),
+the one GGUF parser.
 
 The pre-tokenizer is the one part the file does not spell out, only names. We follow llama.cpp's
 table for the name (it is what wrote the name), which for `smollm` is "split every `\\p{N}` alone,
@@ -22,11 +24,12 @@ deployment ran with is a file one can inspect.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from loomc.files import default_cache_dir, write_atomically
 
 # Bump when the builder changes what it makes: cached tokenizer.json files are keyed on it.
 BUILDER_VERSION = "1"
@@ -74,76 +77,19 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(printable, chars)}
 
 
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
-
-
 def _read_metadata(path: Path, keys: tuple[str, ...]) -> dict[str, object]:
-    """The named GGUF metadata values that are present (strings decoded, arrays as lists).
+    """The named GGUF metadata values that are present (strings decoded, arrays as lists), read by
+    the checkpoint reader (`loomrt.checkpoint_gguf`, which decodes only the values asked for).
+    A file it cannot read is a `ValueError`, like every refusal here."""
+    from loomrt.checkpoint_gguf import GgufCheckpoint  # noqa: PLC0415 - numpy and gguf only when building
+    from loomrt.errors import CheckpointError  # noqa: PLC0415
 
-    Reads the key/value header only, skipping what it was not asked for: `gguf.GGUFReader` would
-    also take seconds turning every array element and tensor record into numpy views."""
-    import mmap  # noqa: PLC0415
-    import struct  # noqa: PLC0415
-
-    wanted = set(keys)
-    out: dict[str, object] = {}
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        (version,) = struct.unpack_from("<I", buf, 4)
-        end = "<" if version & 0xFFFF else ">"  # a big-endian file reads its version byte-swapped
-        if struct.unpack_from(end + "I", buf, 4)[0] < 2:
-            raise ValueError(f"{path}: GGUF version 1 (32-bit counts) is not supported")
-        _, kv_count = struct.unpack_from(end + "QQ", buf, 8)
-        pos = 24
-
-        def string() -> str:
-            nonlocal pos
-            (n,) = struct.unpack_from(end + "Q", buf, pos)
-            pos += 8 + n
-            return buf[pos - n:pos].decode("utf-8")
-
-        def skip_string() -> None:
-            nonlocal pos
-            (n,) = struct.unpack_from(end + "Q", buf, pos)
-            pos += 8 + n
-
-        def value(vtype: int, keep: bool) -> object:
-            nonlocal pos
-            if vtype == _STRING:
-                if keep:
-                    return string()
-                skip_string()
-                return None
-            if vtype == _ARRAY:
-                itype, n = struct.unpack_from(end + "IQ", buf, pos)
-                pos += 12
-                if itype in _SCALARS:
-                    fmt = f"{end}{n}{_SCALARS[itype]}"
-                    items = list(struct.unpack_from(fmt, buf, pos)) if keep else None
-                    pos += struct.calcsize(fmt)
-                    return items
-                items = [value(itype, keep) for _ in range(n)]
-                return items if keep else None
-            if vtype not in _SCALARS:
-                raise ValueError(f"{path}: unknown GGUF value type {vtype}")
-            fmt = end + _SCALARS[vtype]
-            (v,) = struct.unpack_from(fmt, buf, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        for _ in range(kv_count):
-            key = string()
-            (vtype,) = struct.unpack_from(end + "I", buf, pos)
-            pos += 4
-            keep = key in wanted
-            v = value(vtype, keep)
-            if keep:
-                out[key] = v
-                if len(out) == len(wanted):
-                    break
-    return out
+    try:
+        with GgufCheckpoint(path) as checkpoint:
+            values = {key: checkpoint.metadata(key) for key in keys}
+    except CheckpointError as exc:
+        raise ValueError(str(exc)) from None
+    return {key: value for key, value in values.items() if value is not None}
 
 
 _TOKENIZER_KEYS = (
@@ -221,9 +167,8 @@ def cache_path_for(path: str | Path, cache_dir: Path | None = None) -> Path:
 
     Keyed on the file's resolved path, size and mtime (and `BUILDER_VERSION`), not on its
     contents: hashing the metadata would mean parsing it, the work the cache exists to save.
-    `cache_dir` is the loom cache root (default `loomc.lower.numba.default_cache_dir()`)."""
-    from loomc.lower.numba import default_cache_dir  # noqa: PLC0415 - avoids loomrt<->loomc import cycles
-
+    `cache_dir` is the loom cache root, the kernel cache's too (default `loomc.files.default_cache_dir()`:
+    `$LOOM_CACHE_DIR`, else `~/.cache/loom`)."""
     p = Path(path).resolve()
     st = p.stat()
     key = f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0{BUILDER_VERSION}".encode()
@@ -256,24 +201,8 @@ def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer
         except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt, not fatal
             pass
     tok = tokenizer_from_gguf(path)
-    _write_atomically(cached, tok.to_str())
+    write_atomically(cached, tok.to_str(), parents=True)  # a concurrent loader never reads half a file
     return tok
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Temp file in the same directory + `os.replace`: a concurrent loader never reads half a file."""
-    import tempfile  # noqa: PLC0415
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 __all__ = ["BUILDER_VERSION", "BYTE_LEVEL_PRE_TOKENIZERS", "cache_path_for", "chat_template_of", "load_tokenizer",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOTS = ("loomc", "loomrt", "loomd", "grammar")
+ROOTS = ("loomc", "loomrt", "loomd")  # the grammar is loomc/grammar/loom.lark
 SUFFIXES = (".py", ".lark", ".loom")
 
 

@@ -1,13 +1,14 @@
-"""Reading and writing `.loombc` files: a size bound before reading, and atomic replacement when writing."""
+"""Reading and writing `.loombc` files: a size bound before reading, and atomic replacement when writing
+(`write_atomically`, the one writer of `loomc.files`, re-exported here for the callers that import it from here)."""
 
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 
 from loomc.bytecode.errors import LoomBytecodeError
 from loomc.bytecode.format import MAX_FILE_BYTES
+from loomc.files import write_atomically
 
 
 def read_bytecode_file(path: Path) -> bytes:
@@ -21,22 +22,4 @@ def read_bytecode_file(path: Path) -> bytes:
     return data
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then `os.replace` it: readers see the old file or the new one.
-
-    The temporary file is created with mode 0o666 minus the umask, like any new file, so
-    the result has ordinary permissions (mkstemp's 0o600 would leak into the output)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+__all__ = ["read_bytecode_file", "write_atomically"]

@@ -1,7 +1,7 @@
 """Names and literal texts from a `.loombc`, checked against the grammar's own tokens.
 
 A constant is stored as its source text alone; its value is derived here exactly as
-the parser derives it (the token regexes come from `grammar/loom.lark`, the escapes
+the parser derives it (the token regexes come from `loomc/grammar/loom.lark`, the escapes
 from `AstBuilder`), so a text and a value can never disagree and every text `dis`
 prints lexes back as the same single token.
 """

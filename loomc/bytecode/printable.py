@@ -23,7 +23,7 @@ from typing import Sequence
 
 from loomc.syntax import ast
 
-# Binary precedence levels, loosest first; must agree with grammar/loom.lark.
+# Binary precedence levels, loosest first; must agree with loomc/grammar/loom.lark.
 LEVELS = (("||",), ("&&",), ("==", "!=", "<", "<=", ">", ">="), ("|",), ("^",), ("&",), ("<<", ">>"),
           ("+", "-"), ("*", "/", "%"))
 LEVEL = {op: i for i, ops in enumerate(LEVELS) for op in ops}

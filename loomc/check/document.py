@@ -106,13 +106,14 @@ def load_document(path: Path) -> CheckedProgram:
     return _check_roles(program, reporter, control, prepare, sources, overrides, doc)
 
 
-def load_roles(origin: str, control: Path, prepare: list[Path], sources: list[Path],
+def load_roles(origin: str, control: Path, prepare: Mapping[str, list[Path]], sources: list[Path],
                overrides: dict[str, Any], packages: Mapping[str, Mapping[str, bytes]] | None = None
                ) -> CheckedProgram:
     """Check the code a runtime model document names: the same program `load_document` builds,
     from paths already resolved (package members under `package_path`, one namespace per
-    package in `packages`), with its config
-    overrides. Override problems are reported at `origin`, the document's name."""
+    package in `packages`), with its config overrides. `prepare` maps each resident component
+    (`primary`, `image`) to its prepare files: roles `prepare.<component>` keep them apart, and
+    `prepare` lists them all. Override problems are reported at `origin`, the document's name."""
     reporter = Reporter()
     program = Program(reporter, packages)
 
@@ -127,13 +128,17 @@ def load_roles(origin: str, control: Path, prepare: list[Path], sources: list[Pa
                 loaded.append(info)
         return loaded
 
-    control_infos, prepare_infos, source_infos = load([control]), load(prepare), load(sources)
+    control_infos, source_infos = load([control]), load(sources)
+    components = {name: load(paths) for name, paths in prepare.items()}
+    prepare_infos = [info for infos in components.values() for info in infos]
 
     def doc_error(key: str, code: str, message: str, after: int = 0) -> None:
         reporter.add(Diagnostic(origin, 1, 1, code, message))
 
     valid = _check_overrides(program, dict(overrides), "", doc_error)
-    return _check_roles(program, reporter, control_infos, prepare_infos, source_infos, valid, None)
+    checked = _check_roles(program, reporter, control_infos, prepare_infos, source_infos, valid, None)
+    checked.roles.update({f"prepare.{name}": infos for name, infos in components.items()})
+    return checked
 
 
 def _check_roles(program: Program, reporter: Reporter, control: list, prepare: list, sources: list,

@@ -24,7 +24,7 @@ stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
 """
 
 # Control host functions: name -> (parameter types, result type). "any" accepts every value.
-# loomrt/vm_host.py implements each one; docs/language.md §12 documents them.
+# loomc/run/host.py implements each one; docs/language.md §12 documents them.
 CONTROL_HOST: dict[str, tuple[tuple[str, ...], str]] = {
     "len": (("any",), "int"),
     "keys": (("map",), "list"),

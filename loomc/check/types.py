@@ -9,21 +9,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loomc.check.shapes import Dim
+from loomc.dtypes import DTYPES, names
 
-INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
-UNSIGNED_TYPES = ("u8", "u16", "u32", "u64")
-FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
-QUANT_TYPES = ("q4_0", "q4_1", "q8_0")
+# Derived from `loomc.dtypes`, which holds the facts.
+INT_TYPES = names("signed", "unsigned")
+UNSIGNED_TYPES = names("unsigned")
+FLOAT_TYPES = names("float")
+QUANT_TYPES = names("quantized")
 NUMERIC_TYPES = ("bool",) + INT_TYPES + FLOAT_TYPES
 STORAGE_TYPES = NUMERIC_TYPES + QUANT_TYPES
 DYN_TYPES = ("any", "null", "bool", "int", "float", "str", "bytes", "list", "map")
 
-BITS = {"bool": 8, "i8": 8, "u8": 8, "i16": 16, "u16": 16, "f16": 16, "bf16": 16,
-        "i32": 32, "u32": 32, "f32": 32, "i64": 64, "u64": 64, "f64": 64}
-INT_RANGES = {t: ((0, 2 ** BITS[t] - 1) if t in UNSIGNED_TYPES else (-(2 ** (BITS[t] - 1)), 2 ** (BITS[t] - 1) - 1))
-              for t in INT_TYPES}
+BITS = {t: DTYPES[t].bits for t in NUMERIC_TYPES}
+INT_RANGES = {t: DTYPES[t].range for t in INT_TYPES}
 # GGUF block geometry: elements per block along the last dimension.
-QUANT_BLOCK = {"q4_0": 32, "q4_1": 32, "q8_0": 32}
+QUANT_BLOCK = {t: DTYPES[t].block_elems for t in QUANT_TYPES}
 
 
 @dataclass(frozen=True)

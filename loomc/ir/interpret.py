@@ -15,9 +15,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from loomc.dtypes import DTYPES, numpy_type
 from loomc.ir import module as ir
 
-_FLOAT_NP = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
+# The numpy type holding each float dtype's values exactly (bf16 has none: `_bf16` below).
+_FLOAT_NP = {t: numpy_type(DTYPES[t].numpy) for t in ir.FLOAT_DTYPES if DTYPES[t].numpy}
 
 
 def wrap(value: int, dtype: str) -> int:

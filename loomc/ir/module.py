@@ -33,33 +33,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-# ---- types ------------------------------------------------------------------------------------
+from loomc import dtypes
+from loomc.dtypes import is_float, is_int, is_unsigned  # noqa: F401 - part of this module's vocabulary
 
-INT_DTYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
-UNSIGNED_DTYPES = ("u8", "u16", "u32", "u64")
-FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
+# ---- types: derived from `loomc.dtypes`, which holds the facts --------------------------------
+
+INT_DTYPES = dtypes.names("signed", "unsigned")
+UNSIGNED_DTYPES = dtypes.names("unsigned")
+FLOAT_DTYPES = dtypes.names("float")
 DTYPES = ("bool",) + INT_DTYPES + FLOAT_DTYPES
-QUANT_DTYPES = ("q4_0", "q4_1", "q8_0")
-BITS = {"bool": 8, "i8": 8, "u8": 8, "i16": 16, "u16": 16, "f16": 16, "bf16": 16,
-        "i32": 32, "u32": 32, "f32": 32, "i64": 64, "u64": 64, "f64": 64}
+QUANT_DTYPES = dtypes.names("quantized")
+BITS = {t: dtypes.DTYPES[t].bits for t in DTYPES}
 
-# GGUF block geometry: 32 elements per block along the last dimension; bytes per block and
-# where the codes start inside a block (after the f16 scale d, and for q4_1 the f16 min m).
-QUANT_BLOCK_ELEMS = 32
-QUANT_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
-QUANT_CODES_OFFSET = {"q4_0": 2, "q4_1": 4, "q8_0": 2}
-
-
-def is_int(dtype: str) -> bool:
-    return dtype in INT_DTYPES
-
-
-def is_float(dtype: str) -> bool:
-    return dtype in FLOAT_DTYPES
-
-
-def is_unsigned(dtype: str) -> bool:
-    return dtype in UNSIGNED_DTYPES
+# GGUF block geometry: elements per block along the last dimension (one number for all
+# quantized types), bytes per block and where the codes start inside a block.
+(QUANT_BLOCK_ELEMS,) = {dtypes.DTYPES[t].block_elems for t in QUANT_DTYPES}
+QUANT_BLOCK_BYTES = {t: dtypes.DTYPES[t].block_bytes for t in QUANT_DTYPES}
+QUANT_CODES_OFFSET = {t: dtypes.DTYPES[t].codes_offset for t in QUANT_DTYPES}
 
 
 # ---- expressions: every node carries its dtype --------------------------------------------------

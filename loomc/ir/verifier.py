@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loomc.dtypes import DTYPES
 from loomc.ir import module as ir
 
 
@@ -247,8 +248,7 @@ class _Verifier:
         if e.dtype == "bool":
             ok = isinstance(v, bool)
         elif ir.is_int(e.dtype):
-            bits = ir.BITS[e.dtype]
-            lo, hi = (0, 2 ** bits - 1) if ir.is_unsigned(e.dtype) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+            lo, hi = DTYPES[e.dtype].range
             ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
         else:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool)

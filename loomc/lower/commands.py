@@ -6,8 +6,8 @@ param family member or state, with leading indices selected) or a scalar IR expr
 (a folded `Const` when it is known at specialization, else an expression over the
 per-call symbols and scalar arguments that the host evaluates per call). Kernels are
 lowered to IR once per (module, kernel). The plan is plain data and target-neutral:
-`compile_command` pairs it with kernels compiled for a target and returns the
-`loomrt.dispatch.CommandProgram` that runs it.
+`loomc.run.compile.compile_command` pairs it with kernels compiled for a target and returns
+the `loomc.run.dispatch.CommandProgram` that runs it.
 
 Symbols: a top-level command's shape symbols are named by their spelling (`T`), and a
 state's host dimension by its bracketed scope (`<pages>`). Inside scalar expressions they
@@ -359,40 +359,3 @@ def find_item(checked: CheckedProgram, name: str, kind: type) -> tuple[ModuleInf
 def specialize(checked: CheckedProgram, name: str) -> CommandPlan:
     info, cmd = find_item(checked, name, ast.Command)
     return Specializer(checked).run(info, cmd)
-
-
-def compile_command(checked: CheckedProgram, name: str, target: str = "cpu", cache_dir=None):
-    """The runnable `CommandProgram` of command `name` for `target` (only "cpu" so far:
-    "cuda" raises `loomrt.errors.NotImplementedFeature`, see `compile_kernels`)."""
-    from loomrt.dispatch import CommandProgram
-
-    plan = specialize(checked, name)
-    launchers = compile_kernels(plan.kernels, target, cache_dir)
-    if any(d.kind == "matmul" for d in plan.dispatches):
-        from loomc.lower.matmul import load_function
-
-        launchers["matmul"] = load_function(cache_dir)
-    return CommandProgram(plan, launchers, target)
-
-
-def compile_kernels(groups: dict[str, ir.KernelGroup], target: str = "cpu", cache_dir=None) -> dict[str, Any]:
-    """Launchers for `groups` on `target`. Only "cpu" runs command programs so far: "cuda"
-    kernels render (`loomc emit --target cuda`, `loomrt.cuda`), but no command program
-    dispatches them, so asking for it is `NotImplementedFeature` (501), not a caller error."""
-    if target == "cuda":
-        from loomrt.errors import NotImplementedFeature
-
-        raise NotImplementedFeature("target 'cuda' is not built yet: command programs (stage dispatch "
-                                    "and weight binding) run only on the 'cpu' target so far")
-    if target != "cpu":
-        raise ValueError(f"unknown target {target!r}; the targets are 'cpu' and 'cuda'")
-    from loomc.lower.numba import compile_group
-
-    return {key: compile_group(group, cache_dir) for key, group in groups.items()}
-
-
-def compile_kernel(checked: CheckedProgram, name: str, target: str = "cpu", cache_dir=None):
-    """A `loomrt.launch.KernelLauncher` for kernel `name` (tests and benchmarks call kernels directly)."""
-    info, kernel = find_item(checked, name, ast.Kernel)
-    group = lower_kernel(checked.core, info, kernel)
-    return compile_kernels({name: group}, target, cache_dir)[name]

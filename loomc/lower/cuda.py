@@ -4,7 +4,7 @@
 program's kernels, or the kernels `loomc emit --target cuda` was asked for): a header
 naming every kernel's `.loom` file and line, the `lm_` helpers the kernels use
 (`cuda_helpers.py`), then one `extern "C" __global__` function per IR kernel part, named
-`k_<part name>` like the numba functions. `loomrt.cuda` compiles the text with
+`k_<part name>` like the numba functions. `loomc.run.cuda` compiles the text with
 `COMPILE_OPTIONS` and launches each part with its `LaunchPlan`.
 
 The renderer is a table keyed by IR node kind (`_Renderer.expr_*`/`stmt_*`), the twin of
@@ -38,7 +38,7 @@ min/max are the IR's selects. IEEE results need `--fmad=false` (no contraction i
 `--ftz=false`, `--prec-div=true` and `--prec-sqrt=true`, which is `COMPILE_OPTIONS`.
 Buffers are never `__restrict__`: a command may pass one tensor as two arguments. There
 are no bounds checks or traps in kernels: the host validates every shape before a launch
-(`loomrt.launch.KernelLauncher.bind`), exactly as on the CPU.
+(`loomc.run.launch.KernelLauncher.bind`), exactly as on the CPU.
 """
 
 from __future__ import annotations
@@ -53,16 +53,17 @@ from loomc import LOOMC_VERSION
 from loomc.ir import interpret
 from loomc.ir import module as ir
 from loomc.lower.render import TargetRenderer
-from loomc.lower.cuda_helpers import C_TYPE, PRELUDE, SAME_WIDTH_UNSIGNED, helpers_for
+from loomc.dtypes import DTYPES
+from loomc.lower.cuda_helpers import C_SPELLING, C_TYPE, PRELUDE, SAME_WIDTH_UNSIGNED, helpers_for
 
 COMPILE_OPTIONS = ("--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 BLOCK_THREADS = 256
 MAX_BLOCKS = 65536  # 16M threads in flight is far past any device's occupancy
 FALLBACK_BLOCKS = 1024  # when the host cannot compute the lane count
 
-# What a buffer of each dtype holds (f16/bf16 as their bits, quantized tensors as GGUF bytes).
-STORAGE = dict(C_TYPE, f16="unsigned short", bf16="unsigned short",
-               q4_0="unsigned char", q4_1="unsigned char", q8_0="unsigned char")
+# The element type of a buffer a kernel indexes (f16/bf16 as their bits, quantized tensors as
+# GGUF bytes): the `kernel` storage of `loomc.dtypes`.
+KERNEL_STORAGE = {t: C_SPELLING[d.kernel] for t, d in DTYPES.items()}
 _HALF = ("f16", "bf16")
 _NARROW = ("i8", "i16", "u8", "u16")  # C promotes these to int: results are cast back
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
@@ -430,7 +431,7 @@ class _Renderer(TargetRenderer):
         coerce: list[str] = []
         for p in k.params:
             if isinstance(p, ir.BufferParam):
-                args.append(f"{'' if p.writable else 'const '}{STORAGE[p.dtype]}* {var(p.name)}")
+                args.append(f"{'' if p.writable else 'const '}{KERNEL_STORAGE[p.dtype]}* {var(p.name)}")
             elif p.dtype in _HALF or p.dtype == "bool":  # passed as float / as one byte
                 raw = f"lm_arg_{p.name}"
                 args.append(f"{'float' if p.dtype in _HALF else 'unsigned char'} {raw}")

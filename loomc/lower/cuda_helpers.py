@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import re
 
+from loomc.dtypes import DTYPES
 from loomc.ir import module as ir
 
-C_TYPE = {"bool": "bool", "i8": "signed char", "i16": "short", "i32": "int", "i64": "long long",
-          "u8": "unsigned char", "u16": "unsigned short", "u32": "unsigned int", "u64": "unsigned long long",
-          "f16": "float", "bf16": "float", "f32": "float", "f64": "double"}
+# The C spelling of each numpy type that `loomc.dtypes` names for computing or storing.
+C_SPELLING = {"bool_": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
+              "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+              "uint64": "unsigned long long", "float32": "float", "float64": "double"}
+# The C type each dtype computes in (f16/bf16 values live in float).
+C_TYPE = {t: C_SPELLING[d.compute] for t, d in DTYPES.items() if d.compute}
 # The unsigned type the wrapping ops of an integer dtype compute in (at least 32 bits, so
 # that C's promotion of narrow operands to signed int can never overflow).
 WIDE_UNSIGNED = {d: "unsigned long long" if ir.BITS[d] == 64 else "unsigned int" for d in ir.INT_DTYPES}
 # The unsigned type of the same width (bit patterns).
-SAME_WIDTH_UNSIGNED = {"i8": "unsigned char", "u8": "unsigned char", "bool": "unsigned char",
-                       "i16": "unsigned short", "u16": "unsigned short", "f16": "unsigned short",
-                       "bf16": "unsigned short", "i32": "unsigned int", "u32": "unsigned int", "f32": "unsigned int",
-                       "i64": "unsigned long long", "u64": "unsigned long long", "f64": "unsigned long long"}
+SAME_WIDTH_UNSIGNED = {t: C_SPELLING[f"uint{bits}"] for t, bits in ir.BITS.items()}
 
 PRELUDE = """\
 #if defined(__CUDACC__)

@@ -177,10 +177,11 @@ def render_module() -> str:
 
 def load_function(cache_dir: Path | None = None):
     """The compiled (lazily, then cached on disk) numba dispatcher of the motif."""
-    from loomc.lower.numba import load_module, module_path, write_atomically
+    from loomc.files import write_atomically
+    from loomc.lower.numba import load_module, module_path
 
     text = render_module()
     path = module_path(text, cache_dir)
     if not path.exists():
-        write_atomically(path, text)
+        write_atomically(path, text, parents=True)
     return getattr(load_module(path), FUNCTION)

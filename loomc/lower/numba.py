@@ -2,8 +2,8 @@
 
 One generated module per `.loom` kernel (`render_module`), headed by comments naming the
 source file and line. `load_group` writes it to
-`<cache_dir>/kernels/k_<sha256(text + LOOMC_VERSION + numba version)[:16]>.py` (temp file
-+ `os.replace`), imports it with importlib and returns one numba dispatcher per part.
+`<cache_dir>/kernels/k_<sha256(text + LOOMC_VERSION + numba version)[:16]>.py`
+(`loomc.files.write_atomically`), imports it with importlib and returns one numba dispatcher per part.
 Each function is `@njit(parallel=True, cache=True, fastmath=False, error_model="numpy")`:
 numba's disk cache sits in `__pycache__` beside the file, so a restart (or the next test
 in a session) does not recompile. `error_model="numpy"` makes integer and float division
@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from loomc import LOOMC_VERSION
+from loomc.dtypes import DTYPES, numpy_type
+from loomc.files import default_cache_dir, write_atomically
 from loomc.ir import module as ir
 from loomc.lower.render import TargetRenderer
 from loomc.ir.interpret import to_dtype
@@ -51,15 +51,12 @@ LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the bo
 SERIAL_LIGHT_CHUNKS = 64  # a light parallel loop of at most this many chunks (4096 elements) runs serially
 STACK_ARRAY_BYTES = 65536  # larger local arrays go to the heap
 
-NP_TYPE = {"bool": "np.bool_", "i8": "np.int8", "i16": "np.int16", "i32": "np.int32", "i64": "np.int64",
-           "u8": "np.uint8", "u16": "np.uint16", "u32": "np.uint32", "u64": "np.uint64",
-           "f16": "np.float32", "bf16": "np.float32", "f32": "np.float32", "f64": "np.float64"}
-# How each dtype is stored in a numpy buffer handed to a kernel (f16/bf16 as their bits).
-STORAGE = {"bool": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
-           "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
-           "f16": np.uint16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64,
-           "q4_0": np.uint8, "q4_1": np.uint8, "q8_0": np.uint8}
-_STORAGE_TEXT = {"f16": "np.uint16", "bf16": "np.uint16"}
+# The numpy type each dtype computes in, as source text (f16/bf16 live in float32).
+NP_TYPE = {t: f"np.{d.compute}" for t, d in DTYPES.items() if d.compute}
+# The element type of a buffer a kernel indexes (f16/bf16 as their bits, quantized tensors as
+# GGUF bytes): the `kernel` storage, not the host array's dtype (`loomc.run.launch.HOST_STORAGE`).
+KERNEL_STORAGE = {t: numpy_type(d.kernel) for t, d in DTYPES.items()}
+KERNEL_STORAGE_TEXT = {t: f"np.{d.kernel}" for t, d in DTYPES.items()}
 _HALF = ("f16", "bf16")
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|", "xor": "^", "shl": "<<",
           "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -259,9 +256,9 @@ class _Renderer(TargetRenderer):
     def stmt_localarray(self, s: ir.LocalArray, depth: int) -> None:
         if s.dtype in ("f32", "f64"):
             self.float_locals[s.name] = s.size
-        storage = _STORAGE_TEXT.get(s.dtype, NP_TYPE[s.dtype])
+        storage = KERNEL_STORAGE_TEXT[s.dtype]
         zero = "False" if s.dtype == "bool" else f"{storage}(0)"
-        if s.size * np.dtype(STORAGE[s.dtype]).itemsize > STACK_ARRAY_BYTES:
+        if s.size * np.dtype(KERNEL_STORAGE[s.dtype]).itemsize > STACK_ARRAY_BYTES:
             self.add(depth, f"{var(s.name)} = np.zeros({s.size}, {storage})")
             return
         self.add(depth, f"{var(s.name)} = carray(_lm_alloca({s.size}, {storage}), ({s.size},))")
@@ -418,32 +415,11 @@ def render_module(group: ir.KernelGroup) -> str:
 
 # ---- files -----------------------------------------------------------------------------------------------
 
-def default_cache_dir() -> Path:
-    """`$LOOM_CACHE_DIR`, else `~/.cache/loom`."""
-    configured = os.environ.get("LOOM_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "loom"
-
-
 def module_path(text: str, cache_dir: Path | None = None) -> Path:
     import numba
 
     digest = hashlib.sha256((text + LOOMC_VERSION + numba.__version__).encode()).hexdigest()[:16]
     return (cache_dir or default_cache_dir()) / "kernels" / f"k_{digest}.py"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and `os.replace`, so a reader (another
-    process importing the same kernel) never sees a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp_", suffix=".py")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 _LOADED: dict[Path, object] = {}
@@ -469,13 +445,6 @@ def load_group(group: ir.KernelGroup, cache_dir: Path | None = None) -> list:
     text = render_module(group)
     path = module_path(text, cache_dir)
     if not path.exists():
-        write_atomically(path, text)
+        write_atomically(path, text, parents=True)  # a reader importing the same kernel never sees part of it
     module = load_module(path)
     return [getattr(module, function_name(k)) for k in group.parts]
-
-
-def compile_group(group: ir.KernelGroup, cache_dir: Path | None = None):
-    """A `loomrt.launch.KernelLauncher` for one lowered kernel on the cpu target."""
-    from loomrt.launch import KernelLauncher
-
-    return KernelLauncher(group, load_group(group, cache_dir))

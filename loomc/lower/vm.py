@@ -2,7 +2,7 @@
 
 `compile_program` runs after the checker has accepted the program, so it trusts names,
 arities and static types and only lays out code; everything that depends on values
-(types behind `any`, indexes, sizes) is checked by the interpreter, `loomrt.vm`.
+(types behind `any`, indexes, sizes) is checked by the interpreter, `loomc.run.vm`.
 
 A function is a list of instructions `(op, a, b)` over one operand stack and numbered
 slots (arguments first, then one slot per declaration, then two hidden slots per loop),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from pathlib import Path
+from importlib.resources import files
 
 from lark import Lark, Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -17,7 +17,9 @@ from loomc.syntax import ast
 from loomc.syntax.build import MAX_NESTING, AstBuilder, TooDeep
 from loomc.syntax.diagnostics import Diagnostic, LoomSyntaxError
 
-GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "loom.lark"
+# Package data (`loomc/grammar/loom.lark`, listed in pyproject's package-data): found the same
+# way from a source checkout, an editable install or an installed wheel.
+GRAMMAR_PATH = files("loomc") / "grammar" / "loom.lark"
 
 _lock = threading.Lock()
 _comment_sink: list[Token] = []

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import Gone, LoomError, NotFound, QueueFull, Unavailable
+from loomrt.errors import Gone, LoomError, NotFound, QueueFull, Unavailable, run_errors
 from loomrt.residency import Component, Residency
 
 
@@ -252,7 +252,8 @@ class StageService:
     def _step(self, job: Job, params: dict[str, Any]) -> None:
         step = job.steps[job.done_steps]
         try:
-            outputs = self.executables.programs[step.stage].run(params, self.state, step.inputs)
+            with run_errors():
+                outputs = self.executables.programs[step.stage].run(params, self.state, step.inputs)
             job.outputs.append(outputs)
             self.steps_run += 1
             if job.on_step is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import CompileError, InvalidDecision, InvalidRequest, LoomError
+from loomrt.errors import CompileError, InvalidDecision, InvalidRequest, LoomError, run_errors
 from loomrt.fields import reject_unknown, shown
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
@@ -426,7 +426,8 @@ class DecisionService(StageService):
                   "rows": np.asarray(rows, np.int32), "page_table": page_table, "last": last,
                   "choices": choices, "counts": counts}
         try:
-            probs = self.executables.programs[DECIDE_STAGE].run(params, self.state, inputs)["probs"]
+            with run_errors():
+                probs = self.executables.programs[DECIDE_STAGE].run(params, self.state, inputs)["probs"]
         except LoomError as exc:
             return exc
         except Exception as exc:  # a bug below us: fail these requests, keep serving
@@ -441,20 +442,20 @@ class DecisionService(StageService):
 # ---- the kind module's entry points (loomrt.services) --------------------------------------------
 
 def create_policy(reg: Any, executables: Any, tokenizer: Any) -> DecisionPolicy:
-    from loomrt.vm import Vm
+    from loomrt.control import Control
 
     if DECIDE_STAGE not in executables.programs:
         raise CompileError(f"model '{reg.name}': a decision deployment's control program declares "
                            f"`stage {DECIDE_STAGE}` (docs/source-contracts.md)")
     if tokenizer is None:
         raise CompileError(f"model '{reg.name}': a decision deployment needs a tokenizer")
-    return DecisionPolicy(Vm(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    return DecisionPolicy(Control(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> DecisionService:
-    from loomrt.state import PAGE_SIZE_CONFIG, config_constant
+    from loomrt.state import PAGE_SIZE_CONFIG
 
-    page_size = config_constant(reg.executables.checked, PAGE_SIZE_CONFIG) or 1
+    page_size = reg.executables.module.config(PAGE_SIZE_CONFIG) or 1
     common["max_active"] = common.get("max_active") or DEFAULT_ACTIVE
     return DecisionService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                            page_size=page_size, **common)

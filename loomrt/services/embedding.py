@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import CompileError, InvalidRequest, LoomError
+from loomrt.errors import CompileError, InvalidRequest, LoomError, run_errors
 from loomrt.services.base import Job, StageService
 
 ENCODE_STAGE = "encode"
@@ -186,7 +186,8 @@ class EmbeddingService(StageService):
         positions = np.arange(len(tokens), dtype=np.int32) - np.repeat(starts, lengths)
         inputs = {"tokens": tokens, "positions": positions, "seq": seq, "starts": starts, "lengths": lengths}
         try:
-            out = self.executables.programs[ENCODE_STAGE].run(params, self.state, inputs)
+            with run_errors():
+                out = self.executables.programs[ENCODE_STAGE].run(params, self.state, inputs)
             vectors = out["vectors"]
             if vectors.shape != (len(plan), self.width) or vectors.dtype != np.float32:
                 raise LoomError(f"stage '{ENCODE_STAGE}' returned vectors {vectors.dtype}{list(vectors.shape)}, "
@@ -217,8 +218,7 @@ class EmbeddingService(StageService):
 
 
 def _width(executables: Any, reg_name: str) -> int:
-    program = executables.programs[ENCODE_STAGE]
-    results = {spec.name: spec for spec in program.plan.results}
+    results = {spec.name: spec for spec in executables.module.stages[ENCODE_STAGE].results}
     spec = results.get("vectors")
     width = spec.dims[1].constant if spec is not None and spec.dims is not None and len(spec.dims) == 2 else None
     if spec is None or spec.dtype != "f32" or spec.dims[0].bare_symbol is None or not width:
@@ -229,7 +229,7 @@ def _width(executables: Any, reg_name: str) -> int:
 
 def create_policy(reg: Any, executables: Any, tokenizer: Any) -> EmbeddingPolicy:
     """The embedding policy (the control program's `embedding_request`) and the encode stage."""
-    from loomrt.vm import Vm
+    from loomrt.control import Control
 
     if ENCODE_STAGE not in executables.programs:
         raise CompileError(f"model '{reg.name}': an embedding deployment's control program declares "
@@ -241,13 +241,11 @@ def create_policy(reg: Any, executables: Any, tokenizer: Any) -> EmbeddingPolicy
         tokenizer.no_padding()
         tokenizer.no_truncation()
         vocab = tokenizer.get_vocab_size(with_added_tokens=True)
-    return EmbeddingPolicy(Vm(executables.control), tokenizer, vocab, _width(executables, reg.name))
+    return EmbeddingPolicy(Control(executables.control), tokenizer, vocab, _width(executables, reg.name))
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> EmbeddingService:
-    from loomrt.state import config_constant
-
-    cohort = config_constant(reg.executables.checked, COHORT_TOKENS_CONFIG)
+    cohort = reg.executables.module.config(COHORT_TOKENS_CONFIG)
     if cohort is None:
         cohort = DEFAULT_COHORT_TOKENS
     if type(cohort) is not int or cohort < 1:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable
+from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable, run_errors
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
 from loomrt.services.text import Outbox
@@ -413,7 +413,8 @@ class SequenceService(StageService):
         inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
                   "rows": np.asarray(rows, np.int32), "page_table": page_table}
         try:
-            out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
+            with run_errors():
+                out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
             result = _per_token(out)
         except LoomError as exc:
             self._fail_all([job for job, _ in plan], exc)
@@ -487,20 +488,20 @@ def create_policy(reg: Any, executables: Any, tokenizer: Any) -> SequencePolicy:
     calls this only for a program that declares `stage consume`; one without it is
     native-only and served by the plain `StageService` (the runtime tests' `mini`)."""
     from loomrt.errors import CompileError
-    from loomrt.vm import Vm
+    from loomrt.control import Control
 
-    if not _paged_states(executables.programs[STEP_STAGE]):
+    if not _paged_states(executables):
         raise CompileError(f"model '{reg.name}': stage '{STEP_STAGE}' keeps no `per page` state, so a sequence "
                            "handle would have nothing to retain (docs/source-contracts.md, sequence)")
-    return SequencePolicy(Vm(executables.control))
+    return SequencePolicy(Control(executables.control))
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> SequenceService:
-    from loomrt.state import PAGE_SIZE_CONFIG, config_constant
+    from loomrt.state import PAGE_SIZE_CONFIG
 
-    page_size = config_constant(reg.executables.checked, PAGE_SIZE_CONFIG)
-    paged = _paged_states(reg.executables.programs[STEP_STAGE])
-    step_tokens = config_constant(reg.executables.checked, STEP_TOKENS_CONFIG)
+    page_size = reg.executables.module.config(PAGE_SIZE_CONFIG)
+    paged = _paged_states(reg.executables)
+    step_tokens = reg.executables.module.config(STEP_TOKENS_CONFIG)
     if not isinstance(step_tokens, int) or isinstance(step_tokens, bool) or step_tokens < 1:
         step_tokens = STEP_TOKENS
     return SequenceService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
@@ -509,8 +510,8 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
                            checkpoint_capacity=reg.document.checkpoint_capacity, paged_states=paged, **common)
 
 
-def _paged_states(program: Any) -> list[str]:
-    return [name for name, spec in program.plan.states.items() if spec.dims[0].bare_symbol == "<pages>"]
+def _paged_states(executables: Any) -> list[str]:
+    return [spec.name for spec in executables.module.stage_states(STEP_STAGE) if spec.scope == "page"]
 
 
 __all__ = ["SERVICE_STAGE", "STEP_STAGE", "STEP_TOKENS", "SequenceAppend", "SequenceCheckpoint", "SequencePolicy",

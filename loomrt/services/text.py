@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from loomrt.detokenize import IncrementalDecoder
-from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable, VmError
+from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable, run_errors
 from loomrt.kv import PagePool
 from loomrt.services.base import Job, StageService
 from loomrt.prefixes import PrefixCache
@@ -385,7 +385,8 @@ class TextService(StageService):
                   "rows": np.asarray(rows, np.int32), "page_table": page_table, "last": last,
                   "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed, "counter": counter}
         try:
-            out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
+            with run_errors():
+                out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
         except LoomError as exc:
             self._fail_all([p[0] for p in plan], exc)
             return
@@ -421,10 +422,7 @@ class TextService(StageService):
         if not self.has_publish:
             content, reasoning, calls = text, "", None
         else:
-            try:
-                result = self.vm.call(PUBLISH_FN, [g.policy_state, text, final])
-            except VmError:
-                raise
+            result = self.vm.call(PUBLISH_FN, [g.policy_state, text, final])
             if not isinstance(result, dict) or not isinstance(result.get("content", ""), str):
                 raise LoomError("the control program's publish() must return a map with a string 'content'")
             content = result.get("content", "")
@@ -474,22 +472,22 @@ def create_policy(reg: Any, executables: Any, tokenizer: Any) -> Any:
     """The text policy (needs the control program's `chat_request`) and the step stage."""
     from loomrt.errors import CompileError
     from loomrt.policy import TextPolicy
-    from loomrt.vm import Vm
+    from loomrt.control import Control
 
     if STEP_STAGE not in executables.programs:
         raise CompileError(f"model '{reg.name}': a text deployment's control program declares "
                            f"`stage {STEP_STAGE}` (docs/source-contracts.md)")
     if tokenizer is None:
         raise CompileError(f"model '{reg.name}': a text deployment needs a tokenizer")
-    return TextPolicy(Vm(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    return TextPolicy(Control(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> TextService:
-    from loomrt.state import PAGE_SIZE_CONFIG, config_constant
+    from loomrt.state import PAGE_SIZE_CONFIG
 
     return TextService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                        tokenizer=reg.tokenizer, control_vm=reg.policy.vm,
-                       page_size=config_constant(reg.executables.checked, PAGE_SIZE_CONFIG),
+                       page_size=reg.executables.module.config(PAGE_SIZE_CONFIG),
                        context_length=reg.document.context_length,
                        session_cache_capacity=reg.document.session_cache_capacity,
                        checkpoint_capacity=reg.document.checkpoint_capacity,

@@ -290,8 +290,11 @@ def test_chunked_body_growing_past_the_limit_is_413(small_daemon, unix):
             b"Transfer-Encoding: chunked\r\n\r\n")
     with small_daemon.connect(unix=unix, timeout=CLOSE_S) as s:
         s.sendall(head)
-        for _ in range(3):  # 1536 bytes, never terminated: the server stops at the bound and closes
-            s.sendall(b"200\r\n" + b" " * 512 + b"\r\n")
+        try:
+            for _ in range(3):  # 1536 bytes, never terminated: the server stops at the bound and closes
+                s.sendall(b"200\r\n" + b" " * 512 + b"\r\n")
+        except BrokenPipeError:
+            pass  # it answered and closed before the last chunk went out: its 413 is already here to read
         data = read_until_close(s)
     assert_error(parse_one(data), 413, "request_too_large")
     small_daemon.assert_healthy(unix=unix)

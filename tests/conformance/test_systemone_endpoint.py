@@ -135,7 +135,8 @@ def reference():
     """Per prompt of reference_prompts (the example's three questions, then SWAPPED_ROUTE):
     (prompt ids, float64 restricted softmax) from scout's prefill_logits."""
     from loomc.check.document import load_document
-    from loomc.lower.commands import compile_command
+    from loomc.lower.prepare import prepare_plan
+    from loomc.run.compile import compile_command
     from loomrt.checkpoints import open_checkpoint
     from loomrt.locator import resolve_locator
     from loomrt.prepare import prepare_params
@@ -147,7 +148,7 @@ def reference():
     assert checked.ok, checked.diagnostics
     program = compile_command(checked, "prefill_logits")
     with open_checkpoint(gguf) as ckpt:
-        params = prepare_params(checked, ckpt)
+        params = prepare_params(prepare_plan(checked), ckpt)
     prompts = [(tok.encode(text, add_special_tokens=False).ids, labels) for text, labels in reference_prompts()]
     label_ids = [[tok.encode(label, add_special_tokens=False).ids[0] for label in labels] for _, labels in prompts]
     assert all(len(set(row)) == len(row) for row in label_ids)

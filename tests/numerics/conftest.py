@@ -4,7 +4,7 @@ import pytest
 from numerics_testlib import MOTIFS
 
 from loomc.check import load_files
-from loomc.lower.commands import compile_kernel
+from loomc.run.compile import compile_kernel
 
 
 @pytest.fixture(scope="session")

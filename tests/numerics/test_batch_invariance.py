@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from loomc.check.document import load_document
-from loomc.lower.commands import compile_command
+from loomc.run.compile import compile_command
 from loomrt.checkpoints import open_checkpoint
 from loomrt.locator import resolve_locator
+from loomc.lower.prepare import prepare_plan
 from loomrt.prepare import prepare_params
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
@@ -41,7 +42,7 @@ ARRANGEMENTS = ("alone", "batched", "elsewhere")
 def compiled(sample: str, stage: str, weights: str):
     checked = load_document(SAMPLES / sample / "model.json")
     assert checked.ok, checked.diagnostics
-    return compile_command(checked, stage), prepare_params(checked, open_checkpoint(resolve_locator(weights)))
+    return compile_command(checked, stage), prepare_params(prepare_plan(checked), open_checkpoint(resolve_locator(weights)))
 
 
 def inputs_for(rng, count: int, vocab: int, lengths=(5, 40, 1, 17, 33, 9, 12)) -> tuple[list[int], list[list[int]]]:

@@ -11,8 +11,8 @@ import pytest
 from numerics_testlib import dequantized, quantized
 
 from loomc.check.document import load_document
-from loomc.lower.commands import compile_command
-from loomrt.dispatch import BindingError, StageInputError
+from loomc.run.compile import compile_command
+from loomc.run.errors import BindingError, StageInputError
 
 DOCUMENT = Path(__file__).parent / "fixtures" / "tiny" / "model.json"
 LAYERS, DIM, HEADS, KV_HEADS, HD, FFN, VOCAB, PAGE = 2, 64, 4, 2, 16, 96, 80, 4

@@ -7,8 +7,8 @@ import pytest
 from numerics_testlib import fma_chain
 
 from loomc.check import load_files
-from loomc.lower.commands import compile_command
-from loomrt.dispatch import DispatchError, StageInputError
+from loomc.run.compile import compile_command
+from loomc.run.errors import DispatchError, StageInputError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "scalars.loom"
 

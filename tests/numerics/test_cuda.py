@@ -6,7 +6,7 @@ runs the kernel as CUDA code *and* as the numba kernel on copies of the same arg
 asserts that the two targets agree, and leaves the CUDA results in the caller's arrays for
 the test's own reference checks. Two tiers run every test:
 
-- `host`: the module text that `loomrt.cuda` would compile, built by g++ behind a small
+- `host`: the module text that `loomc.run.cuda` would compile, built by g++ behind a small
   shim that runs the grid serially (`blockIdx`/`threadIdx` are globals, one call per
   thread). No GPU: statements, launch plans, the grid-stride mapping and the GGUF
   addressing are checked end to end in every CI run. The math library is glibc's, so
@@ -37,11 +37,11 @@ import test_scalar_semantics
 from loomc.check import load_files
 from loomc.ir import module as ir
 from loomc.lower import cuda
-from loomc.lower.commands import compile_kernels
+from loomc.run.compile import compile_kernels
 from loomc.lower.kernels import lower_kernel
 from loomc.syntax import ast
-from loomrt import cuda as loomrt_cuda
-from loomrt.launch import KernelLauncher
+from loomc.run import cuda as run_cuda
+from loomc.run.launch import KernelLauncher
 
 CXX = shutil.which("g++") or shutil.which("c++")
 TIERS = ["host", pytest.param("gpu", marks=pytest.mark.cuda)]
@@ -105,7 +105,7 @@ class _HostFunction:
         self.run(grid[0], block[0], *plain)
 
 
-class _HostLauncher(loomrt_cuda.CudaKernelLauncher):
+class _HostLauncher(run_cuda.CudaKernelLauncher):
     """numpy arrays stand in for device arrays, with the CPU launcher's checks."""
 
     array_kind = KernelLauncher.array_kind
@@ -165,12 +165,12 @@ def both_targets(request, tmp_path_factory, checked, cpu_cache: dict):
     """name -> BothTargets for every kernel of `checked`, on the tier `request.param`."""
     groups = kernel_groups(checked)
     if request.param == "gpu":
-        status = loomrt_cuda.available()
+        status = run_cuda.available()
         if not status:
             pytest.skip(status.reason)
         import cupy
 
-        launchers = loomrt_cuda.compile_kernels(groups)
+        launchers = run_cuda.compile_kernels(groups)
         to_device, to_host = cupy.asarray, cupy.asnumpy
     else:
         if CXX is None:

@@ -5,7 +5,7 @@ import numpy as np
 
 from loomc.check import load_files
 from loomc.ir import interpret
-from loomc.lower.commands import compile_kernel
+from loomc.run.compile import compile_kernel
 
 NARROW = """
 kernel narrow(x: f64[N], out h: f16[N], out b: bf16[N]) {

@@ -22,7 +22,7 @@ import pytest
 from numerics_testlib import fma_chain
 
 from loomc.check import load_files
-from loomc.lower.commands import compile_command
+from loomc.run.compile import compile_command
 
 FIXTURE = Path(__file__).parent / "fixtures" / "matmul.loom"
 
@@ -110,7 +110,7 @@ def compute_everything(data: dict) -> dict:
     scales read with or without F16C), on `data`; run here and in the subprocess."""
     from numerics_testlib import MOTIFS
 
-    from loomc.lower.commands import compile_kernel
+    from loomc.run.compile import compile_kernel
 
     out = {"product": compile_command(load_files([FIXTURE]), "product").run({}, {}, {"a": data["a"], "b": data["b"]})["c"]}
     motifs = load_files(sorted(MOTIFS.glob("*.loom")))

@@ -9,7 +9,7 @@ import pytest
 from numerics_testlib import MOTIFS
 
 from loomc.ir import module as ir
-from loomc.lower.numba import STORAGE, load_group
+from loomc.lower.numba import KERNEL_STORAGE, load_group
 from loomc.syntax import ast
 from loomc.syntax.parse import parse_module
 
@@ -25,7 +25,7 @@ def launch_signature(kernel: ir.Kernel) -> tuple:
     types = []
     for p in kernel.params:
         if isinstance(p, ir.BufferParam):
-            types.append(numba.types.Array(numba.from_dtype(np.dtype(STORAGE[p.dtype])), 1, "C"))
+            types.append(numba.types.Array(numba.from_dtype(np.dtype(KERNEL_STORAGE[p.dtype])), 1, "C"))
         else:
             types.append(_SCALAR.get(p.dtype) or getattr(numba.types, {"i": "int", "u": "uint"}[p.dtype[0]] + p.dtype[1:]))
     return tuple(types) + (numba.types.int64,) * len(kernel.symbols)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from loomc.check import load_files
-from loomc.lower.commands import compile_kernel
+from loomc.run.compile import compile_kernel
 
 FIXTURE = Path(__file__).parent / "fixtures" / "semantics.loom"
 

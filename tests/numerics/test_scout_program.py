@@ -7,7 +7,7 @@ import pytest
 from numerics_testlib import random_blocks
 
 from loomc.check.document import load_document
-from loomc.lower.commands import compile_command
+from loomc.run.compile import compile_command
 
 SCOUT = Path(__file__).resolve().parents[2] / "samples" / "scout" / "model.json"
 

@@ -44,9 +44,10 @@ import numpy as np
 import pytest
 
 from loomc.check.document import load_document
-from loomc.lower.commands import compile_command
+from loomc.run.compile import compile_command
 from loomrt.checkpoints import open_checkpoint
 from loomrt.locator import resolve_locator
+from loomc.lower.prepare import prepare_plan
 from loomrt.prepare import prepare_params
 
 import torch  # noqa: E402 - the reference (test extra)
@@ -121,7 +122,7 @@ def scout(gguf_path):
     checked = load_document(SCOUT)
     assert checked.ok, checked.diagnostics
     programs = {name: compile_command(checked, name) for name in ("prefill_logits", "prefill_decode")}
-    return programs, prepare_params(checked, open_checkpoint(gguf_path))
+    return programs, prepare_params(prepare_plan(checked), open_checkpoint(gguf_path))
 
 
 @pytest.fixture(scope="module")

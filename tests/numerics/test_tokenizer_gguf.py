@@ -312,6 +312,9 @@ def test_damaged_cache_is_rebuilt(ours, gguf_path, tmp_path, monkeypatch):
 
 def test_default_cache_dir_follows_loom_cache(gguf_path, loom_cache_dir):
     assert loomtok.cache_path_for(gguf_path).parent == Path(os.environ["LOOM_CACHE_DIR"]) / "tokenizers"
+    # One cache root and one atomic writer, shared with the kernel cache.
+    from loomc import files
+    assert loomtok.default_cache_dir is files.default_cache_dir and loomtok.write_atomically is files.write_atomically
 
 
 def test_other_suffix_refused(tmp_path):

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from loomc.check.document import load_document
 from loomc.cli import main
 from loomc.lower.vm import compile_program
-from loomrt.errors import PolicyFailure
-from loomrt.vm import Vm
+from loomc.run.errors import PolicyFailure
+from loomc.run.vm import Vm
 
 REPO = Path(__file__).resolve().parents[3]
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

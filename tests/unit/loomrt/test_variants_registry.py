@@ -362,7 +362,7 @@ def test_candidate_binding_a_param_with_another_shape_fails(registry, m1, tmp_pa
 
 def test_contract_differences_name_the_stage():
     base = Contract({"affine": "stage affine(x: f32[T, dim]) -> (y: f32[T, dim])"},
-                    {"w": ("f32", ("8", "8"), None)}, {"acc": ("f32", ("<rows>", "8"))})
+                    {"w": ("f32", ("8", "8"), None)}, {"acc": "f32[<rows>, 8]"})
     assert base.differences(base) == []
     other = Contract({"affine": "stage affine(x: f32[T, dim]) -> (y: f32[T, 4])", "extra": "stage extra()"},
                      {"w": ("f32", ("8", "8"), None), "u": ("f32", ("8",), None)}, {})

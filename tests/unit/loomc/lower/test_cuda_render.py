@@ -187,7 +187,7 @@ def nvcc_ptx(path: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_repo_kernel_compiles_with_nvcc(tmp_path):
-    """One translation unit (one module, as loomrt.cuda compiles it) per `.loom` file."""
+    """One translation unit (one module, as loomc.run.cuda compiles it) per `.loom` file."""
     files = repo_kernel_files()
     assert {p.name for p in files} >= {"quant.loom", "sampling.loom", "attention.loom", "semantics.loom"}
     units = []

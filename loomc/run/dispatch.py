@@ -30,8 +30,8 @@ from loomc.ir import interpret
 from loomc.ir import module as ir
 from loomc.lower import matmul
 from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, refs_arguments
-from loomrt.errors import BindingError, DispatchError, StageInputError
-from loomrt.launch import STORAGE, KernelLauncher, logical_dim, storage_shape
+from loomc.run.errors import BindingError, DispatchError, StageInputError
+from loomc.run.launch import HOST_DTYPES, HOST_STORAGE, KernelLauncher, logical_dim, storage_shape
 
 ARENA_ALIGN = 64
 MAX_SHAPE_PLANS = 8
@@ -86,9 +86,9 @@ class ShapePlan:
     def __init__(self, program: "CommandProgram", bound: _Bound, env: dict[str, int]):
         plan = program.plan
         self.env = env
-        self.inputs = {a.name: np.zeros(storage_shape(a.dtype, [dim_value(d, env) for d in a.dims]), STORAGE[a.dtype])
+        self.inputs = {a.name: np.zeros(storage_shape(a.dtype, [dim_value(d, env) for d in a.dims]), HOST_STORAGE[a.dtype])
                        for a in plan.args if a.dims is not None}
-        self.results = {r.name: np.zeros(storage_shape(r.dtype, [dim_value(d, env) for d in r.dims]), STORAGE[r.dtype])
+        self.results = {r.name: np.zeros(storage_shape(r.dtype, [dim_value(d, env) for d in r.dims]), HOST_STORAGE[r.dtype])
                         for r in plan.results}
         self.scratch = self.arena(plan, bound)
         self.calls: list[tuple[Any, tuple]] = []
@@ -112,7 +112,7 @@ class ShapePlan:
                     uses.setdefault(o.name, []).append(i)
         specs = [s for s in plan.scratch if s.name in uses]
         sizes = {s.name: int(np.prod(storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims]), dtype=np.int64))
-                 * np.dtype(STORAGE[s.dtype]).itemsize for s in specs}
+                 * np.dtype(HOST_STORAGE[s.dtype]).itemsize for s in specs}
         placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
         offsets: dict[str, int] = {}
         for s in sorted(specs, key=lambda s: -sizes[s.name]):
@@ -139,7 +139,7 @@ class ShapePlan:
         for s in specs:
             shape = storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims])
             start = base + offsets[s.name]
-            views[s.name] = arena[start:start + sizes[s.name]].view(STORAGE[s.dtype]).reshape(shape)
+            views[s.name] = arena[start:start + sizes[s.name]].view(HOST_STORAGE[s.dtype]).reshape(shape)
         return views
 
     # ---- dispatches -------------------------------------------------------------------
@@ -276,7 +276,7 @@ class CommandProgram:
         if not isinstance(value, np.ndarray):
             raise BindingError(f"{what} '{name}' must be a numpy array, got {type(value).__name__}")
         want = storage_shape(dtype, dims)
-        allowed = (np.dtype(STORAGE[dtype]),) + ((np.dtype(np.uint16),) if dtype == "f16" else ())
+        allowed = HOST_DTYPES[dtype]
         if value.dtype not in allowed or value.shape != want:
             shown = f"{dtype}{dims}" + (f" (GGUF bytes: uint8{list(want)})" if dtype in ir.QUANT_DTYPES else "")
             raise BindingError(f"{what} '{name}' must be {shown}, got {value.dtype}{list(value.shape)}")
@@ -314,7 +314,7 @@ class CommandProgram:
     def check_input(self, spec: TensorSpec, value: Any) -> np.ndarray:
         if not isinstance(value, np.ndarray):
             raise StageInputError(f"'{spec.name}' must be a numpy array, got {type(value).__name__}")
-        allowed = (np.dtype(STORAGE[spec.dtype]),) + ((np.dtype(np.uint16),) if spec.dtype == "f16" else ())
+        allowed = HOST_DTYPES[spec.dtype]
         if value.dtype not in allowed:
             raise StageInputError(f"'{spec.name}' is {spec.dtype}: expected a {allowed[0]} array, got {value.dtype}")
         if value.ndim != len(spec.dims):

@@ -1,6 +1,6 @@
 """Host-side kernel launchers: numpy arrays in, a lowered kernel's flat argument tuple out.
 
-A `KernelLauncher` is what a command program (`loomrt.dispatch`) and the numerics tests
+A `KernelLauncher` is what a command program (`loomc.run.dispatch`) and the numerics tests
 call. `bind` does all the checking a launch needs, once: it derives each shape symbol
 from the argument it comes from, checks every dimension, dtype, contiguity and
 writability, and flattens the arrays to the 1-D views the kernels index. After that,
@@ -9,8 +9,9 @@ ever needs to check a bound.
 
 Storage: numeric tensors are numpy arrays of their dtype (f16 as float16 or uint16 bits,
 bf16 as uint16 bits). A q4_0/q4_1/q8_0 tensor of logical shape `[..., K]` is the GGUF
-block bytes: a uint8 array of shape `[..., K / 32 * bytes_per_block]`, exactly what
-`gguf.GGUFReader` yields, used in place.
+block bytes: a uint8 array of shape `[..., K / 32 * bytes_per_block]`, exactly the GGUF
+file's bytes (`loomrt.checkpoint_gguf`), used in place. These are the `host` storage of
+`loomc.dtypes`; `flat_view` gives the `kernel` storage a kernel indexes.
 """
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from loomc.dtypes import DTYPES, numpy_type
 from loomc.ir import interpret
 from loomc.ir import module as ir
-from loomrt.errors import KernelArgumentError
+from loomc.run.errors import KernelArgumentError
 
-STORAGE = {"bool": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
-           "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
-           "f16": np.float16, "bf16": np.uint16, "f32": np.float32, "f64": np.float64,
-           "q4_0": np.uint8, "q4_1": np.uint8, "q8_0": np.uint8}
-
-
+# The numpy type of a host array holding each dtype (`loomc.dtypes`' `host` storage: f16 as
+# float16, bf16 as uint16 bits, quantized as uint8 GGUF bytes), and every dtype such an array
+# may have (f16 also as its uint16 bits). A kernel indexes the `kernel` storage: `flat_view`.
+HOST_STORAGE = {t: numpy_type(d.host) for t, d in DTYPES.items()}
+STORAGE = HOST_STORAGE  # the name existing callers import
+HOST_DTYPES = {t: tuple(np.dtype(numpy_type(name)) for name in d.host_accepted) for t, d in DTYPES.items()}
+_KERNEL_DTYPES = {t: np.dtype(numpy_type(d.kernel)) for t, d in DTYPES.items()}
 
 
 def storage_shape(dtype: str, dims: Sequence[int]) -> tuple[int, ...]:
@@ -49,13 +52,14 @@ def logical_dim(dtype: str, shape: tuple[int, ...], axis: int) -> int:
 
 def flat_view(dtype: str, array: np.ndarray) -> np.ndarray:
     """The 1-D view a kernel indexes (f16 as its uint16 bits)."""
-    if dtype == "f16" and array.dtype == np.float16:
-        array = array.view(np.uint16)
+    kernel = _KERNEL_DTYPES[dtype]
+    if array.dtype != kernel:
+        array = array.view(kernel)
     return array.reshape(-1)
 
 
 def allocate(dtype: str, dims: Sequence[int]) -> np.ndarray:
-    return np.zeros(storage_shape(dtype, dims), STORAGE[dtype])
+    return np.zeros(storage_shape(dtype, dims), HOST_STORAGE[dtype])
 
 
 class KernelLauncher:
@@ -115,7 +119,7 @@ class KernelLauncher:
     def check_array(self, p: ir.BufferParam, value: Any) -> None:
         if not isinstance(value, self.array_class()):
             raise self.fail(f"'{p.name}' must be a {self.array_kind} array, got {type(value).__name__}")
-        allowed = (np.dtype(STORAGE[p.dtype]),) + ((np.dtype(np.uint16),) if p.dtype == "f16" else ())
+        allowed = HOST_DTYPES[p.dtype]
         if value.dtype not in allowed:
             raise self.fail(f"'{p.name}' is {p.dtype}: expected a {allowed[0]} array, got {value.dtype}")
         if value.ndim != len(p.dims):
@@ -140,7 +144,7 @@ class KernelLauncher:
                 raise self.fail(f"'{p.name}' is {p.dtype}, got {value!r}")
             if interpret.wrap(int(value), p.dtype) != int(value):
                 raise self.fail(f"'{p.name}' is {p.dtype}; {int(value)} does not fit")
-            return STORAGE[p.dtype](value)
+            return HOST_STORAGE[p.dtype](value)
         if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
             raise self.fail(f"'{p.name}' is {p.dtype}, got {value!r}")
         return np.float64(value) if p.dtype == "f64" else np.float32(value)

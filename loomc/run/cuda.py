@@ -4,7 +4,7 @@
 text to `cupy.RawModule` with `COMPILE_OPTIONS` (NVRTC compiles on first use and CuPy
 caches the binary on disk, keyed by the source and options), and returns one
 `CudaKernelLauncher` per kernel. A launcher binds exactly like the CPU one (the same
-`loomrt.launch.KernelLauncher.bind` checks of every shape, dtype and contiguity, so no
+`loomc.run.launch.KernelLauncher.bind` checks of every shape, dtype and contiguity, so no
 kernel ever needs a bounds check) but takes CuPy arrays, and launches each part with its
 `LaunchPlan`: scalars go as exact numpy dtypes, shape symbols as int64.
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from loomc.ir import module as ir
 from loomc.lower.cuda import COMPILE_OPTIONS, LaunchPlan, render_module
-from loomrt.launch import KernelLauncher
+from loomc.run.launch import KernelLauncher
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from loomc import strict_json
 from loomc.check.intrinsics import CONTROL_CONVERSIONS, CONTROL_HOST
-from loomrt.errors import PolicyFailure, VmBudgetExceeded, VmMemoryExceeded, VmRuntimeError
+from loomc.run.errors import PolicyFailure, VmBudgetExceeded, VmMemoryExceeded, VmRuntimeError
 
 # Control ints are Python ints bounded to |x| < 2**INT_BITS: wide enough for u64 and i64
 # arithmetic without wrapping, narrow enough that no operation on them is slow.

@@ -1,4 +1,4 @@
-"""loomrt/vm_host.py: every host function and conversion, directly and through the VM."""
+"""loomc/run/host.py: every host function and conversion, directly and through the VM."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from tokenizers.pre_tokenizers import Whitespace
 from loomc.check import load_files
 from loomc.check.intrinsics import CONTROL_CONVERSIONS, CONTROL_HOST
 from loomc.lower.vm import compile_program
-from loomrt.errors import PolicyFailure, VmMemoryExceeded, VmRuntimeError
-from loomrt.vm import Vm
-from loomrt.vm_host import INT_BITS, HostContext, HostFunctions, show, type_name, values_equal
+from loomc.run.errors import PolicyFailure, VmMemoryExceeded, VmRuntimeError
+from loomc.run.vm import Vm
+from loomc.run.host import INT_BITS, HostContext, HostFunctions, show, type_name, values_equal
 
 H = HostFunctions(HostContext())
 

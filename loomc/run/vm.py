@@ -20,8 +20,8 @@ import math
 from typing import Any
 
 from loomc.lower.vm import Op, VmFunction, VmProgram
-from loomrt.errors import PolicyFailure, VmBudgetExceeded, VmError, VmExpectFailed, VmMemoryExceeded, VmRuntimeError
-from loomrt.vm_host import (INT_BITS, INT_LIMIT, PY_TYPES, TYPE_NAMES, HostContext, HostFunctions, show, too_large,
+from loomc.run.errors import PolicyFailure, VmBudgetExceeded, VmError, VmExpectFailed, VmMemoryExceeded, VmRuntimeError
+from loomc.run.host import (INT_BITS, INT_LIMIT, PY_TYPES, TYPE_NAMES, HostContext, HostFunctions, show, too_large,
                             type_name, values_equal)
 
 _OPS = tuple(int(op) for op in Op)

@@ -1,12 +1,7 @@
-"""`loomc build` and `loomc dis`: `.loom` → `.loombc` after a clean check, and `.loombc` → canonical text.
-
-Registered on the `loomc` group by `loomc/cli.py`. This module imports `loomc.cli`
-only inside the commands, so either module can be imported first.
-"""
+"""`loomc build` and `loomc dis`: `.loom` → `.loombc` after a clean check, and `.loombc` → canonical text."""
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -18,18 +13,7 @@ from loomc.bytecode.files import read_bytecode_file, write_atomically
 from loomc.bytecode.format import SUFFIX
 from loomc.bytecode.reader import read_module
 from loomc.bytecode.writer import write_module
-
-
-def _no_traceback(fn):
-    """`loomc.cli`'s internal-error guard, looked up at call time (see the module docstring)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from loomc.cli import _internal_errors
-
-        return _internal_errors(fn)(*args, **kwargs)
-
-    return wrapper
+from loomc.cli.common import collect_targets, internal_errors, report
 
 
 def _fail(message: str) -> NoReturn:
@@ -41,11 +25,10 @@ def _fail(message: str) -> NoReturn:
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="The .loombc file (one input) or an existing directory (several inputs).")
-@_no_traceback
+@internal_errors
 def build(paths: tuple[str, ...], out: Path) -> None:
     """Check .loom files and write each as .loombc. Nothing is written unless all check clean."""
     from loomc.check import load_files
-    from loomc.cli import collect_targets, report
 
     named_documents = [p for p in paths if Path(p).suffix == ".json"]
     if named_documents:
@@ -93,7 +76,7 @@ def _targets(files: list[Path], out: Path) -> list[tuple[Path, Path]]:
 
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
-@_no_traceback
+@internal_errors
 def dis(file: Path) -> None:
     """Print the canonical .loom text of a .loombc file (comments are not stored)."""
     from loomc.syntax.printer import format_module

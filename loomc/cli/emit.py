@@ -1,16 +1,18 @@
 """`loomc emit`: print the generated kernel code for a `.loom` file, folder or model document.
 
-For `--target cpu` it prints exactly the module text that `lower/numba.py` writes to the
+For `--target cpu` it prints exactly the module text that `loomc/lower/numba.py` writes to the
 kernel cache (one module per kernel, each headed by its source file and line); `--ir`
 prints the lowered IR instead. Nothing is compiled. `--target cuda` prints the one CUDA
-module (`lower/cuda.py`) that `loomrt.cuda` would compile for the selected kernels.
+module (`loomc/lower/cuda.py`) that `loomc.run.cuda` would compile for the selected kernels.
 """
 
 from __future__ import annotations
 
 import sys
+
 import click
 
+from loomc.cli.common import collect_targets, internal_errors, report
 from loomc.syntax import ast
 
 
@@ -20,17 +22,11 @@ from loomc.syntax import ast
               help="The back end whose code to print.")
 @click.option("--kernel", "names", multiple=True, help="Only these kernels (repeatable).")
 @click.option("--ir", "show_ir", is_flag=True, help="Print the lowered IR instead of target code.")
+@internal_errors
 def emit(paths: tuple[str, ...], target: str, names: tuple[str, ...], show_ir: bool) -> None:
     """Print the generated kernel code of .loom files, folders or model documents."""
-    from loomc.cli import _internal_errors
-
-    _internal_errors(_emit)(paths, target, names, show_ir)
-
-
-def _emit(paths: tuple[str, ...], target: str, names: tuple[str, ...], show_ir: bool) -> None:
     from loomc.check import load_files
     from loomc.check.document import load_document
-    from loomc.cli import collect_targets, report
     from loomc.ir.printer import group as print_group
     from loomc.lower.kernels import lower_kernel
     from loomc.lower.numba import render_module

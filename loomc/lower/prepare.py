@@ -1,0 +1,135 @@
+"""`param` declarations -> the weight-preparation plan: plain data the runtime runs on a checkpoint.
+
+    param wq[l in 0..layers]: q4_1[dim, dim] = checkpoint("blk.{l}.attn_q.weight")
+        -> ParamPlan("wq", "q4_1", (576, 576), family=(0, 30), family_var="l",
+                     value=FromCheckpoint("blk.{l}.attn_q.weight"))
+
+Every constant is folded here (axes, dims, family bounds), so running a plan needs no
+compiler: `loomrt.prepare` walks the `Prep` tree of each member with the checkpoint's
+tensors. A checkpoint name keeps its `{var}` placeholder; the runner substitutes the member
+index, as it knows which member it prepares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from loomc.check import CheckedProgram
+from loomc.check.program import ModuleInfo
+from loomc.ir import module as ir
+from loomc.syntax import ast
+
+
+@dataclass(frozen=True)
+class FromCheckpoint:
+    name: str  # may hold "{var}": the family member's index
+
+
+@dataclass(frozen=True)
+class Transpose:
+    source: "Prep"
+
+
+@dataclass(frozen=True)
+class Cast:
+    source: "Prep"
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Quantize:
+    source: "Prep"
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Concat:
+    sources: tuple["Prep", ...]
+    axis: int
+
+
+@dataclass(frozen=True)
+class Reshape:
+    source: "Prep"
+    dims: tuple[int, ...]
+
+
+Prep = Union[FromCheckpoint, Transpose, Cast, Quantize, Concat, Reshape]
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    """One `param`: its declared type, its family (members lo..hi) and how to prepare a member."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    value: Prep
+    family: tuple[int, int] | None = None
+    family_var: str | None = None
+    source: ir.Source | None = None
+
+    @property
+    def declared(self) -> str:
+        return f"{self.dtype}[{', '.join(map(str, self.dims))}]"
+
+
+@dataclass(frozen=True)
+class PreparePlan:
+    """The params of one resident component, in declaration order."""
+
+    params: tuple[ParamPlan, ...] = ()
+
+
+def prepare_plan(checked: CheckedProgram) -> PreparePlan:
+    """The plan of a whole checked program: a document's prepare modules, else every module's params."""
+    if not checked.ok:
+        raise ValueError("the program has diagnostics; lower only a clean program")
+    return lower_prepare(checked, checked.roles["prepare"] if checked.roles else checked.modules)
+
+
+def lower_prepare(checked: CheckedProgram, modules: list[ModuleInfo]) -> PreparePlan:
+    """The plan of every `param` declared in `modules` (each module once, in order)."""
+    core = checked.core
+    seen: set = set()
+    params = []
+    for info in modules:
+        if info.key in seen:
+            continue
+        seen.add(info.key)
+        for item in info.module.items:
+            if not isinstance(item, ast.Param):
+                continue
+            declared = core.tensor_type(info, item.type, None)
+            family = var = None
+            if item.family is not None:
+                family = (int(core.const_eval(info, item.family.start)[0]), int(core.const_eval(info, item.family.end)[0]))
+                var = item.family.var
+            params.append(ParamPlan(item.name, declared.dtype, tuple(int(d.constant) for d in declared.dims),
+                                    _lower(core, info, item.value), family, var,
+                                    ir.Source(info.path, item.span.line)))
+    return PreparePlan(tuple(params))
+
+
+def _lower(core, info: ModuleInfo, e: ast.Expr) -> Prep:
+    # The checker accepted the program, so every call is a known preparation with valid arguments.
+    fn, args = e.callee.name, e.args
+    if fn == "checkpoint":
+        return FromCheckpoint(args[0].value)
+    if fn == "transpose":
+        return Transpose(_lower(core, info, args[0]))
+    if fn == "cast":
+        return Cast(_lower(core, info, args[0]), args[1].name)
+    if fn == "quantize":
+        return Quantize(_lower(core, info, args[0]), args[1].name)
+    if fn == "concat":
+        return Concat(tuple(_lower(core, info, item) for item in args[0].items),
+                      int(core.const_eval(info, args[1])[0]))
+    if fn == "reshape":
+        return Reshape(_lower(core, info, args[0]), tuple(int(core.dim(info, d, None).constant) for d in args[1].items))
+    raise ValueError(f"unknown preparation '{fn}' (the program did not check)")
+
+
+__all__ = ["Cast", "Concat", "FromCheckpoint", "ParamPlan", "Prep", "PreparePlan", "Quantize", "Reshape",
+           "Transpose", "lower_prepare", "prepare_plan"]
