@@ -13,6 +13,7 @@ then it is aborted at a step boundary), release every registration and exit 0.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -179,6 +180,9 @@ def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, .
     for value in listen:
         parse_listen(value)
     budgets = parse_device_memory(device_memory)
+    # loomrt and loomd log failures that are nobody's request's fault with their tracebacks:
+    # they go to stderr, where the operator reads the daemon (clients get a short 500).
+    logging.basicConfig(level=logging.WARNING, format="loomd: %(levelname)s %(name)s: %(message)s")
     if not documents:
         source = click.get_current_context().get_parameter_source("samples")
         samples = find_samples(samples, SAMPLES_ENV if source == click.core.ParameterSource.ENVIRONMENT

@@ -1,7 +1,8 @@
 """Prometheus metrics (`GET /metrics`), all prefixed `loom_`.
 
-Counters are incremented where things happen (requests by route and status here, tokens
-by the services through `loomrt` events later); gauges that mirror runtime state (queue
+Counters are incremented where things happen: HTTP requests by route and status by the
+error middleware, tokens from the registry's `request` events (so they count every request
+however it was submitted, and exactly once, when it finished); gauges that mirror runtime state (queue
 depths, active rows, memory owned per device/owner/category) are read from the registry at
 scrape time by a custom collector, so they can never drift from what `/v1/status` says.
 """
@@ -48,6 +49,15 @@ class Metrics:
         self.tokens = Counter("loom_tokens", "Tokens processed by deployment and direction",
                               ["model", "direction"], registry=self.registry)
         self.registry.register(_RuntimeCollector(registry))
+        registry.listeners.append(self.observe)
+
+    def observe(self, event: dict) -> None:
+        """A registry event (on a service worker thread): a finished request adds its tokens."""
+        if event.get("event") != "request":
+            return
+        for direction, field in (("input", "prompt_tokens"), ("output", "completion_tokens")):
+            if event.get(field):
+                self.tokens.labels(event["model"], direction).inc(event[field])
 
     def request(self, route: str, status: int) -> None:
         self.requests.labels(route, str(status)).inc()

@@ -47,6 +47,7 @@ A policy that wants to reject a request says so with `fail(400, ...)`.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -251,6 +252,15 @@ def from_run_error(exc: run.RunError) -> LoomError:
     return out
 
 
+def internal_error(log: logging.Logger, what: str, exc: BaseException) -> LoomError:
+    """A failure that is nobody's request's fault (a bug below us): logged with its traceback,
+    returned as the 500 the client sees, which names what failed but carries no traceback."""
+    log.error("%s: %s: %s", what, type(exc).__name__, exc, exc_info=exc)
+    error = LoomError(f"{what}: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
 @contextlib.contextmanager
 def run_errors() -> Iterator[None]:
     """Around a call into `loomc.run` (a policy, a stage): its errors leave as LoomErrors."""
@@ -265,5 +275,5 @@ __all__ = [
     "InvalidDecision", "InvalidRequest", "KernelArgumentError", "LocatorNotFound", "LoomError", "NotFound", "NotImplementedFeature",
     "PayloadTooLarge", "PolicyFailure", "PrepareError", "QueueFull", "StageInputError", "TooManyRequests", "Unavailable",
     "VmBudgetExceeded", "VmError", "VmExpectFailed", "VmMemoryExceeded", "VmRuntimeError", "from_run_error",
-    "run_errors", "type_for_status",
+    "internal_error", "run_errors", "type_for_status",
 ]

@@ -31,16 +31,16 @@ def _contract_error(message: str) -> LoomError:
 
 
 class TextPolicy:
-    def __init__(self, vm: Any, tokenizer: Any, vocab_size: int):
-        self.vm = vm
+    def __init__(self, control: Any, tokenizer: Any, vocab_size: int):
+        self.control = control
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        if not vm.has(CHAT_FN):
+        if not control.has(CHAT_FN):
             raise LoomError(f"a text deployment's control program needs fn {CHAT_FN}(request: map, tok: any) -> map")
 
     def prepare(self, request: dict[str, Any]) -> PreparedChat:
         """Validate and render one chat request (PolicyFailure carries the policy's own 4xx)."""
-        result = self.vm.call(CHAT_FN, [request, self.tokenizer])
+        result = self.control.call(CHAT_FN, [request, self.tokenizer])
         if not isinstance(result, dict):
             raise _contract_error("it must return a map")
         prompt = result.get("prompt")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import re
 import threading
 import time
@@ -31,17 +32,18 @@ from loomrt.compiler import Executables, code_path, compile_deployment
 from loomrt.devices import Devices, parse_device_key
 from loomrt.document import ModelDocument, parse_document, resolve_sources
 from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomError, NotFound,
-                           NotImplementedFeature, PrepareError, QueueFull, TooManyRequests,
-                           Unavailable)
+                           NotImplementedFeature, PrepareError, QueueFull, TooManyRequests, Unavailable,
+                           internal_error)
 from loomrt.package import PackageFiles
 from loomrt.prepare import prepare_params
 from loomrt.residency import Component, Residency
-from loomrt.services import serving_module
+from loomrt.services import kind_spec, serving_spec
 from loomrt.services.base import Job, StageService
 from loomrt.state import allocate_state, host_sizes, state_bytes
 from loomrt.tokenizer import load_tokenizer, unpadded
 from loomrt.variants import Variant, VariantTable, next_variant_id
 
+log = logging.getLogger("loomrt.registry")
 COMPONENT_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")   # whole string: fullmatch
 MAX_EVENTS = 4096
 
@@ -68,7 +70,8 @@ class Registration:
         self.tasks: list[Future] = []              # compile, prepare and variant work in flight
         self.state_bytes = 0
         self.tokenizer: Any = None                 # loaded at compile time: no weights needed
-        self.policy: Any = None                    # TextPolicy of a text deployment
+        self.policy: Any = None                    # the kind's request policy (None when native-only)
+        self.spec: Any = None                      # the kind's KindSpec (None when native-only)
         self.utility_in_flight = 0                 # input-token counts running (bounded by pending_capacity)
 
     @property
@@ -79,8 +82,7 @@ class Registration:
     def native_only(self) -> bool:
         """No HTTP inference route serves it: its kind has no service yet, or its program lacks
         the kind's stage. It is served through the Python API only (spec: "native-only")."""
-        return self.executables is not None and \
-            serving_module(self.document.kind, set(self.executables.programs)) is None
+        return self.executables is not None and self.spec is None
 
     def declared_components(self) -> tuple[str, ...]:
         return ("primary", "image") if self.document.image is not None else ("primary",)
@@ -129,11 +131,25 @@ class Registry:
             record = {"time": time.time(), "event": event, "model": reg.name, "phase": reg.phase, **fields}
             self.events.append(record)
             self._changed.notify_all()
+        self._publish(record)
+
+    def _publish(self, record: dict[str, Any]) -> None:
         for listener in list(self.listeners):
             try:
                 listener(record)
-            except Exception:  # pragma: no cover - a broken listener must not break the lifecycle
-                pass
+            except Exception:  # pragma: no cover - a broken listener must not break the caller
+                log.exception("a registry listener failed on %s", record.get("event"))
+
+    def _request_outcome(self, reg: Registration, job: Job, error: LoomError | None) -> None:
+        """One `request` event per finished request, whoever submitted it (loomd's routes or an
+        application embedding loomrt): its id, kind, duration, counts and outcome."""
+        record = {"time": time.time(), "event": "request", "model": reg.name, "kind": job.kind, "request": job.id,
+                  "duration_ms": round(1000 * (time.time() - job.created), 1), **job.outcome()}
+        if job.route is not None:
+            record["route"] = job.route
+        if error is not None:
+            record["error"] = {"code": error.code, "message": error.message, "status": error.status}
+        self._publish(record)
 
     def _set_phase(self, reg: Registration, phase: str, **fields: Any) -> None:
         self._event(reg, phase, phase=phase, **fields)
@@ -222,11 +238,12 @@ class Registry:
                                             param="device") from None
             host_sizes(ex.module, doc)  # a state layout the host cannot size fails now, not at first use
             tokenizer = self._load_tokenizer(reg) if doc.tokenizer is not None else None
-            kind_module = serving_module(doc.kind, set(ex.programs))
-            make_policy = getattr(kind_module, "create_policy", None)
-            policy = make_policy(reg, ex, tokenizer) if make_policy is not None else None
+            spec = serving_spec(doc.kind, set(ex.programs))
+            if spec is not None:
+                _check_state_scopes(doc, ex, spec)
+            policy = spec.create_policy(reg, ex, tokenizer) if spec is not None else None
             with self._lock:
-                reg.tokenizer, reg.policy = tokenizer, policy
+                reg.tokenizer, reg.policy, reg.spec = tokenizer, policy, spec
                 reg.executables = ex
                 reg.progress = {"stages": len(ex.programs)}
                 reg.components["primary"] = Component(doc.model, "primary", device,
@@ -252,8 +269,7 @@ class Registry:
         except LoomError as exc:
             self._fail(reg, exc)
         except Exception as exc:  # a bug below us: keep it visible on the registration
-            self._fail(reg, LoomError(f"internal error while building model '{doc.model}': "
-                                      f"{type(exc).__name__}: {exc}"))
+            self._fail(reg, internal_error(log, f"internal error while building model '{doc.model}'", exc))
 
     def _load_tokenizer(self, reg: Registration) -> Any:
         ref = reg.document.tokenizer
@@ -291,14 +307,14 @@ class Registry:
             self.devices.set(component.device.key, owner, "state", reg.state_bytes)
             if reg.removing:
                 return
-            common = dict(variant=reg.variants.selected if reg.variants else None, max_active=reg.document.rows)
-            make_service = getattr(serving_module(reg.document.kind, set(reg.executables.programs)),
-                                   "create_service", None)
-            if make_service is not None:
-                reg.service = make_service(reg, component, self.residency, state, **common)
+            common = dict(variant=reg.variants.selected if reg.variants else None, max_active=reg.document.rows,
+                          outcomes=lambda job, error: self._request_outcome(reg, job, error))
+            if reg.spec is not None:
+                reg.service = reg.spec.create_service(reg, component, self.residency, state, **common)
             else:
                 reg.service = StageService(reg.name, reg.executables, component, self.residency, state,
                                            reg.document.pending_capacity, **common)
+            reg.service.start()
         self._set_phase(reg, "ready")
 
     # ---- admission ----------------------------------------------------------------------------
@@ -317,6 +333,21 @@ class Registry:
             ready = reg.phase == "ready" if need_service else reg.executables is not None
             if not ready:
                 raise Unavailable(f"model '{name}' is not ready yet ({reg.phase})")
+
+    def serving(self, name: Any, kind: str, what: str) -> Registration:
+        """The registration `name` when it serves `kind` requests now (compiled: its policy runs
+        without weights). Another kind, or a program without its kind's stages (native-only),
+        is NotFound (404) naming `what` was asked (a route, for HTTP); admission as
+        `check_admission`."""
+        reg = self.get(name)
+        if reg.document.kind != kind:
+            raise NotFound(f"model '{reg.name}' is a {reg.document.kind} deployment; it does not serve {what}",
+                           param="model")
+        self.check_admission(reg, need_service=False)
+        if reg.spec is None:
+            raise NotFound(f"model '{reg.name}' is native-only (its program lacks the {kind} stages "
+                           f"{', '.join(kind_spec(kind).stages)}); it serves no {what}", param="model")
+        return reg
 
     def submit(self, name: str, job: Job) -> Future:
         """Queue a job on the deployment's service (HTTP inference goes through here)."""
@@ -368,7 +399,7 @@ class Registry:
                 self._fail(reg, exc)
             raise
         except Exception as exc:
-            error = LoomError(f"internal error in model '{reg.name}': {type(exc).__name__}: {exc}")
+            error = internal_error(log, f"internal error in model '{reg.name}'", exc)
             if fn == self._prepare_service:
                 self._fail(reg, error)
             raise error from exc
@@ -559,8 +590,7 @@ class Registry:
             exc.__traceback__ = exc.__context__ = exc.__cause__ = None
             candidate.finish(error=exc)
         except Exception as exc:
-            candidate.finish(error=LoomError(f"internal error while compiling variant {candidate.id}: "
-                                             f"{type(exc).__name__}: {exc}"))
+            candidate.finish(error=internal_error(log, f"internal error while compiling variant {candidate.id}", exc))
         self._event(reg, "variant_" + candidate.phase, variant=candidate.id)
 
     def wait_variant(self, name: str, variant: Variant, timeout: float | None = None) -> Variant:
@@ -684,3 +714,14 @@ class Registry:
 
 
 __all__ = ["Registration", "Registry"]
+
+
+def _check_state_scopes(doc: ModelDocument, ex: Executables, spec: Any) -> None:
+    """A kind's service retains only the state scopes it knows (a text row is a slot of the
+    step, not a persistent row): a program asking for another is refused when it compiles."""
+    for stage in spec.stages:
+        for state in ex.module.stage_states(stage):
+            if state.scope not in spec.state_scopes:
+                kept = " and ".join(f"`per {scope}`" for scope in spec.state_scopes) or "no"
+                raise CompileError(f"model '{doc.model}': stage '{stage}' binds `per {state.scope}` state "
+                                   f"'{state.name}', but a {doc.kind} deployment retains {kept} state")

@@ -147,8 +147,9 @@ class HistoryStore:
                 return False
         return True
 
-    def restore(self, h: "History | Checkpoint", pages: list[int], positions: int) -> None:
-        """Copy a host image's first `positions` positions into fresh pages."""
+    def restore(self, h: Any, pages: list[int], positions: int) -> None:
+        """Copy a host image's first `positions` positions into fresh pages (a History's own
+        snapshot, or a `loomrt.pins.Checkpoint`'s image)."""
         image = h.snapshot if isinstance(h, History) else h.image
         n = self.pool.pages_for(positions)
         for name, array in self.state.items():
@@ -158,27 +159,6 @@ class HistoryStore:
         return sum(a.nbytes for h in self.histories if h.snapshot for a in h.snapshot.values())
 
 
-@dataclass
-class Checkpoint:
-    """A named, immutable endpoint: the exact tokens of a session's history and a host image of
-    their KV pages, taken when it was pinned. Forks and rewinds copy it into fresh pages, so
-    no live branch can change it and deleting it never invalidates a branch."""
-
-    name: str
-    session: str
-    tokens: list[int]
-    image: dict[str, np.ndarray] = field(repr=False)
-    pending: int | None = None    # the exact pending token published with the pin (text only)
-
-    @property
-    def position(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def host_bytes(self) -> int:
-        return sum(a.nbytes for a in self.image.values())
-
-
 def image_of(history: History, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A host copy of the pages holding a history (from its row, or its own host snapshot)."""
     if history.snapshot is not None:
@@ -186,4 +166,4 @@ def image_of(history: History, state: dict[str, np.ndarray]) -> dict[str, np.nda
     return {name: array[history.pages].copy() for name, array in state.items()}
 
 
-__all__ = ["ORDERS", "Checkpoint", "History", "HistoryStore", "check_session_name", "common_prefix", "image_of"]
+__all__ = ["ORDERS", "History", "HistoryStore", "check_session_name", "common_prefix", "image_of"]

@@ -1,10 +1,12 @@
 """Chat completions and input-token counting (spec: "Chat completions", "Count a chat before generating").
 
 The host checks the OpenAI-shaped fields it owns (stream, limits, tools' shape, tool_choice,
-store) and rejects everything else it does not know; the model's control program
-(`TextPolicy`) validates sampling, thinking, model options and messages, and renders the
-prompt. Generation runs on the deployment's `TextService`; this module only frames its
-events as one `chat.completion` or as `chat.completion.chunk` SSE events.
+store) and rejects everything else it does not know; then one runtime call
+(`loomrt.inference.chat` / `count_chat`) resolves the text deployment, runs its control
+program (`TextPolicy`: sampling, thinking, model options, messages, the prompt) and starts
+the generation on its `TextService`. This module only frames the generation's events as one
+`chat.completion` or as `chat.completion.chunk` SSE events; the request's outcome event and
+token counts come from loomrt.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from typing import Any
 
 from aiohttp import web
 
-from loomd.app import JOURNAL, METRICS, REGISTRY
+from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import error_body, json_response
-from loomrt.errors import InvalidRequest, LoomError, NotFound
+from loomrt import inference
+from loomrt.errors import InvalidRequest, LoomError
 from loomrt.fields import expect_string, reject_unknown
-from loomrt.registry import Registration
-from loomrt.services.text import Generation, Outbox
+from loomrt.services.text import Generation
 from loomrt.sessions import check_session_name
 
 CHAT_FIELDS = ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
@@ -42,12 +44,13 @@ def _optional_bool(body: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _max_tokens(body: dict[str, Any], default: int) -> int:
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    """The output cap the request asks for (None: the deployment's default)."""
     given = [k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
     if len(given) == 2:
         raise InvalidRequest("max_tokens and max_completion_tokens are alternatives: send one", param="max_tokens")
     if not given:
-        return default
+        return None
     value = body[given[0]]
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
         raise InvalidRequest(f"{given[0]}: expected an integer in 1..{MAX_OUTPUT_TOKENS}, got {json.dumps(value)}",
@@ -84,9 +87,12 @@ def _check_tools(body: dict[str, Any]) -> None:
                              "named tool choices are not", param="tool_choice")
 
 
-def validate_chat(body: dict[str, Any], reg: Registration) -> tuple[bool, bool, int]:
-    """(stream, include_usage, max_tokens) after the host-owned checks."""
+def validate_chat(body: dict[str, Any]) -> tuple[str, bool, bool, int | None]:
+    """(model, stream, include_usage, max_tokens) after the host-owned checks."""
     reject_unknown(body, CHAT_FIELDS)
+    if "model" not in body:
+        raise InvalidRequest("model: required field is missing", param="model")
+    model = expect_string("model", body["model"])
     if "messages" not in body:
         raise InvalidRequest("messages: required field is missing", param="messages")
     stream = _optional_bool(body, "stream")
@@ -102,21 +108,7 @@ def validate_chat(body: dict[str, Any], reg: Registration) -> tuple[bool, bool, 
     if body.get("store") not in (None, False):
         raise InvalidRequest("store: only false is supported (nothing is stored)", param="store")
     _check_tools(body)
-    return stream, include_usage, _max_tokens(body, reg.document.max_output_tokens)
-
-
-def text_registration(request: web.Request, body: dict[str, Any]) -> Registration:
-    if "model" not in body:
-        raise InvalidRequest("model: required field is missing", param="model")
-    reg = request.app[REGISTRY].get(expect_string("model", body["model"]))
-    if reg.document.kind != "text":
-        raise NotFound(f"model '{reg.name}' is a {reg.document.kind} deployment; it does not serve "
-                       f"{request.path}", param="model")
-    request.app[REGISTRY].check_admission(reg, need_service=False)
-    if reg.policy is None:
-        raise NotFound(f"model '{reg.name}' is native-only (its program has no chat stage); it serves no "
-                       f"{request.path}", param="model")
-    return reg
+    return model, stream, include_usage, _max_tokens(body)
 
 
 def _chunk(gen: Generation, model: str, created: int, delta: dict[str, Any], finish: str | None = None,
@@ -144,7 +136,6 @@ async def _stream(request: web.Request, gen: Generation, model: str, include_usa
             await response.write(_chunk(gen, model, created, delta, payload["finish_reason"]))
             if include_usage:
                 await response.write(_chunk(gen, model, created, {}, usage=payload["usage"]))
-            request.app[METRICS].tokens.labels(model, "output").inc(payload["usage"]["completion_tokens"])
             break
         else:
             error: LoomError = payload
@@ -170,65 +161,35 @@ def _completion(gen: Generation, model: str, result: dict[str, Any]) -> dict[str
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
-    reg = text_registration(request, body)
-    stream, include_usage, max_tokens = validate_chat(body, reg)
+    model, stream, include_usage, max_tokens = validate_chat(body)
     session = request.headers.get("X-Loom-Session")
     if session is not None:
         check_session_name(session)
     checkpoint = request.headers.get("X-Loom-Checkpoint")
     if checkpoint is not None:
         check_session_name(checkpoint, "X-Loom-Checkpoint")
-    prepared = await asyncio.to_thread(reg.policy.prepare, body)
-    # A complete response reads only the outcome: its text deltas are not kept, or they would
-    # exhaust the row's output credit and pause the generation with nobody to read them.
-    gen = Generation(prepared.prompt, max_tokens, prepared.sampling, prepared.stop_ids, prepared.state,
-                     outbox=Outbox(loop=asyncio.get_running_loop(), deltas=stream), session=session,
-                     checkpoint=checkpoint)
-    future = request.app[REGISTRY].submit(reg.name, gen)
-    future.add_done_callback(lambda f: _log_outcome(request, gen, stream, f))
-    request.app[METRICS].tokens.labels(reg.name, "input").inc(len(gen.prompt))
+    gen = await asyncio.to_thread(inference.chat, request.app[REGISTRY], model, body, max_tokens=max_tokens,
+                                  stream=stream, session=session, checkpoint=checkpoint, what=request.path,
+                                  loop=asyncio.get_running_loop())
     try:
         if stream:
-            return await _stream(request, gen, reg.name, include_usage)
-        result = await asyncio.shield(asyncio.wrap_future(future))
-        request.app[METRICS].tokens.labels(reg.name, "output").inc(result["usage"]["completion_tokens"])
-        return json_response(_completion(gen, reg.name, result))
+            return await _stream(request, gen, gen.model, include_usage)
+        result = await asyncio.shield(asyncio.wrap_future(gen.future))
+        return json_response(_completion(gen, gen.model, result))
     except (asyncio.CancelledError, ConnectionError):
         gen.cancel()  # the client left: its row and pages are freed at the next step boundary
         raise
 
 
-def _log_outcome(request: web.Request, gen: Generation, stream: bool, future) -> None:
-    """One `/logz` record per finished generation (runs on the service worker thread)."""
-    error = future.exception()
-    record = {"event": "request", "route": request.path, "model": gen.model, "request": gen.id, "stream": stream,
-              "prompt_tokens": len(gen.prompt), "completion_tokens": len(gen.generated),
-              "duration_ms": round(1000 * (time.time() - gen.created), 1)}
-    if error is None:
-        record["finish_reason"] = gen.finish_reason
-    else:
-        record["error"] = {"code": getattr(error, "code", "internal_error"), "message": str(error)}
-    request.app[JOURNAL].publish(record)
-
-
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
-    reg = text_registration(request, body)
-    validate_chat(body, reg)
+    model, _, _, _ = validate_chat(body)
     for header in SESSION_HEADERS:
         if header in request.headers:
             raise InvalidRequest(f"{header} selects cached history; input-token counting is stateless and "
                                  "rejects it", param=header)
-    registry = request.app[REGISTRY]
-    registry.admit_utility(reg)
-    try:
-        prepared = await asyncio.to_thread(reg.policy.prepare, body)
-    finally:
-        registry.release_utility(reg)
-    if len(prepared.prompt) > reg.document.context_length:
-        raise InvalidRequest(f"the input needs {len(prepared.prompt)} tokens, but model '{reg.name}' has a context "
-                             f"of {reg.document.context_length} tokens", param="messages")
-    return json_response({"input_tokens": len(prepared.prompt)})
+    count = await asyncio.to_thread(inference.count_chat, request.app[REGISTRY], model, body, request.path)
+    return json_response({"input_tokens": count})
 
 
 def add_routes(add) -> None:

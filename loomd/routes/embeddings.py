@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from loomd.app import JOURNAL, METRICS, REGISTRY
+from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import json_response
-from loomrt.errors import InvalidRequest, NotFound
+from loomrt import inference
+from loomrt.errors import InvalidRequest
 from loomrt.fields import expect_string, fields_of, shown
-from loomrt.registry import Registration
-from loomrt.services.embedding import EmbeddingJob
 
 ENCODING_FORMATS = ("float", "base64")
 
@@ -80,15 +78,6 @@ def normalize_input(value: Any) -> list[str | list[int]]:
                          param="input")
 
 
-def embedding_registration(request: web.Request, body: dict[str, Any]) -> Registration:
-    reg = request.app[REGISTRY].get(expect_string("model", body["model"]))
-    if reg.document.kind != "embedding":
-        raise NotFound(f"model '{reg.name}' is a {reg.document.kind} deployment; it does not serve "
-                       f"{request.path}", param="model")
-    request.app[REGISTRY].check_admission(reg, need_service=False)
-    return reg
-
-
 def _encoding_format(body: dict[str, Any]) -> str:
     value = body.get("encoding_format")
     if value is None:
@@ -107,37 +96,21 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     body = fields_of(await json_body(request), ("model", "input"), ("encoding_format", "dimensions", "user"))
-    reg = embedding_registration(request, body)
+    model = expect_string("model", body["model"])
     encoding = _encoding_format(body)
     if body.get("user") is not None:
         expect_string("user", body["user"])  # client metadata: accepted, not used
-    inputs = normalize_input(body["input"])
-    policy_request: dict[str, Any] = {"input": inputs}
+    policy_request: dict[str, Any] = {"input": normalize_input(body["input"])}
     if "dimensions" in body:
         policy_request["dimensions"] = body["dimensions"]
-    prepared = await asyncio.to_thread(reg.policy.prepare, policy_request)
-    job = EmbeddingJob(prepared.inputs)
-    future = request.app[REGISTRY].submit(reg.name, job)
-    future.add_done_callback(lambda f: _log_outcome(request, job, f))
-    request.app[METRICS].tokens.labels(reg.name, "input").inc(job.tokens)
+    job = await asyncio.to_thread(inference.embed, request.app[REGISTRY], model, policy_request, request.path)
     try:
-        vectors = await asyncio.shield(asyncio.wrap_future(future))
+        vectors = await asyncio.shield(asyncio.wrap_future(job.future))
     except (asyncio.CancelledError, ConnectionError):
         job.cancel()  # the client left: its inputs leave the cohorts at the next boundary
         raise
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, encoding)} for i, v in enumerate(vectors)]
-    return json_response({"object": "list", "data": data, "model": reg.name, "usage": job.usage()})
-
-
-def _log_outcome(request: web.Request, job: EmbeddingJob, future) -> None:
-    """One `/logz` record per finished embeddings request (runs on the service worker thread)."""
-    error = future.exception()
-    record = {"event": "request", "route": request.path, "model": job.model, "request": job.id,
-              "inputs": len(job.inputs), "prompt_tokens": job.tokens,
-              "duration_ms": round(1000 * (time.time() - job.created), 1)}
-    if error is not None:
-        record["error"] = {"code": getattr(error, "code", "internal_error"), "message": str(error)}
-    request.app[JOURNAL].publish(record)
+    return json_response({"object": "list", "data": data, "model": job.model, "usage": job.usage()})
 
 
 def add_routes(add) -> None:

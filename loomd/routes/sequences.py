@@ -28,20 +28,18 @@ import asyncio
 import base64
 import json
 import re
-import time
 from typing import Any
 
 from aiohttp import web
 
-from loomd.app import JOURNAL, METRICS, REGISTRY
+from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import error_body
-from loomrt.errors import InvalidRequest, LoomError, NotFound
+from loomrt import inference
+from loomrt.errors import InvalidRequest, LoomError
 from loomrt.fields import expect_integer, expect_object, expect_string, fail, reject_unknown
-from loomrt.registry import Registration
 from loomrt.sessions import check_session_name
-from loomrt.services.sequence import INT32_MAX, STEP_STAGE, SequenceAppend, SequencePolicy
-from loomrt.services.text import Outbox
+from loomrt.services.sequence import INT32_MAX
 
 SEQUENCE_FIELDS = ("model", "session", "position", "token_ids", "options")
 HANDLE = re.compile(r"[0-9a-f]{32}")   # whole string: fullmatch
@@ -83,18 +81,6 @@ def validate_sequence(body: dict[str, Any], checkpoint: str | None = None
     return model, session, position, ids, options
 
 
-def sequence_registration(request: web.Request, name: str) -> Registration:
-    reg = request.app[REGISTRY].get(name)
-    if reg.document.kind != "sequence":
-        raise NotFound(f"model '{reg.name}' is a {reg.document.kind} deployment; it does not serve "
-                       f"{request.path}", param="model")
-    request.app[REGISTRY].check_admission(reg, need_service=False)
-    if reg.native_only or not isinstance(reg.policy, SequencePolicy):
-        raise NotFound(f"model '{reg.name}' declares no `stage {STEP_STAGE}`: it is a native-only sequence "
-                       f"program without an HTTP endpoint", param="model")
-    return reg
-
-
 async def sequences(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
     if "X-Loom-Session" in request.headers:
@@ -104,18 +90,9 @@ async def sequences(request: web.Request) -> web.StreamResponse:
     if checkpoint is not None:
         check_session_name(checkpoint, "X-Loom-Checkpoint")
     model, session, position, ids, options = validate_sequence(body, checkpoint)
-    reg = sequence_registration(request, model)
-    prepared = await asyncio.to_thread(reg.policy.prepare, options)
-    if prepared.token_limit is not None:
-        for i, t in enumerate(ids):
-            if t >= prepared.token_limit:
-                raise InvalidRequest(f"token_ids[{i}]: {t} is not a token id of model '{reg.name}' "
-                                     f"(ids are below {prepared.token_limit})", param=f"token_ids[{i}]")
-    job = SequenceAppend(ids, position, session, prepared.options,
-                         outbox=Outbox(loop=asyncio.get_running_loop()), checkpoint=checkpoint)
-    future = request.app[REGISTRY].submit(reg.name, job)
-    future.add_done_callback(lambda f: _log_outcome(request, job, f))
-    request.app[METRICS].tokens.labels(reg.name, "input").inc(len(ids))
+    job = await asyncio.to_thread(inference.append, request.app[REGISTRY], model, ids, position, session=session,
+                                  options=options, checkpoint=checkpoint, what=request.path,
+                                  loop=asyncio.get_running_loop())
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     try:
         await response.prepare(request)
@@ -140,20 +117,6 @@ async def sequences(request: web.Request) -> web.StreamResponse:
         job.cancel()
         raise
     return response
-
-
-def _log_outcome(request: web.Request, job: SequenceAppend, future) -> None:
-    """One `/logz` record per finished append (runs on the service worker thread)."""
-    error = future.exception()
-    record = {"event": "request", "route": request.path, "model": job.model, "request": job.id,
-              "session": job.handle, "position": job.position, "tokens": len(job.token_ids),
-              "consumed": job.consumed, "chunks": job.chunks,
-              "duration_ms": round(1000 * (time.time() - job.created), 1)}
-    if job.checkpoint is not None:
-        record["checkpoint"] = job.checkpoint
-    if error is not None:
-        record["error"] = {"code": getattr(error, "code", "internal_error"), "message": str(error)}
-    request.app[JOURNAL].publish(record)
 
 
 def add_routes(add) -> None:

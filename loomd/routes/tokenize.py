@@ -18,21 +18,16 @@ from aiohttp import web
 from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import json_response
-from loomrt.errors import InvalidRequest, LoomError, NotFound, PayloadTooLarge
+from loomrt import inference
+from loomrt.errors import InvalidRequest, LoomError, PayloadTooLarge
 from loomrt.fields import expect_string, fields_of
-from loomrt.registry import Registration
 
 MAX_TEXT_BYTES = 1 << 20
 MAX_TOKENS = 262_144
 
 
-def _tokenizer_of(request: web.Request, body: dict[str, Any]) -> tuple[Registration, Any]:
-    registry = request.app[REGISTRY]
-    reg = registry.get(expect_string("model", body["model"]))
-    registry.check_admission(reg, need_service=False)
-    if reg.tokenizer is None:
-        raise NotFound(f"model '{reg.name}' has no tokenizer", param="model")
-    return reg, reg.tokenizer
+def _tokenizer_of(request: web.Request, body: dict[str, Any]) -> Any:
+    return inference.tokenizer(request.app[REGISTRY], expect_string("model", body["model"]))
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -63,7 +58,7 @@ def _encode(tokenizer: Any, text: str, add_special: bool, parse_special: bool) -
 async def tokenize(request: web.Request) -> web.StreamResponse:
     body = fields_of(await json_body(request), ("model", "content"), ("add_special", "parse_special",
                                                                       "with_pieces"))
-    _, tokenizer = _tokenizer_of(request, body)
+    tokenizer = _tokenizer_of(request, body)
     if _flag(body, "with_pieces", False):
         raise InvalidRequest("with_pieces: only false is supported (token pieces are not exposed)",
                              param="with_pieces")
@@ -79,7 +74,7 @@ async def tokenize(request: web.Request) -> web.StreamResponse:
 
 async def detokenize(request: web.Request) -> web.StreamResponse:
     body = fields_of(await json_body(request), ("model", "tokens"))
-    _, tokenizer = _tokenizer_of(request, body)
+    tokenizer = _tokenizer_of(request, body)
     tokens = body["tokens"]
     if not isinstance(tokens, list):
         raise InvalidRequest("tokens: expected an array of token ids", param="tokens")

@@ -1,47 +1,53 @@
 """One batching service per modality, all on the `StageService` skeleton of `base.py`.
 
-A kind's module here (`loomrt.services.<kind>`, e.g. `text.py`) may define
-    create_policy(registration, executables, tokenizer) -> policy   at compile time (no weights)
-    create_service(registration, component, residency, state, **common) -> StageService
-and the registry uses them; a kind without a module is served by the plain `StageService`.
-The module names the stage its HTTP contract runs (`SERVICE_STAGE`): a deployment whose
-program does not declare it is *native-only* (the spec's term): it registers and serves
-stage jobs through the Python API on the plain `StageService`, has no `loom.endpoint`,
-and HTTP inference requests to it are 404.
+Each kind's module here exports one typed `KindSpec`: the stages its HTTP contract runs,
+the factories of its request policy (at compile time, no weights) and of its service, the
+spec section (the `loomd.routes` module) that serves it, and the state scopes its service
+retains. Registration looks the kind up in `KINDS` and nowhere else. A deployment whose
+program does not declare every stage of its kind is *native-only* (the spec's term): it
+registers and serves stage jobs through the Python API on the plain `StageService`, has no
+HTTP endpoint of its kind, and HTTP inference requests to it are 404. A kind without a
+module here (image, speech and recognition, until they land) is native-only too.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from loomrt.document import KINDS
+from loomrt.document import KINDS as DOCUMENT_KINDS
 
 
-def service_module(kind: str) -> ModuleType | None:
-    """The module that serves `kind`, or None when the generic service does."""
-    if kind not in KINDS:
+@dataclass(frozen=True)
+class KindSpec:
+    kind: str
+    stages: tuple[str, ...]          # all declared: the kind's service and endpoint; else native-only
+    create_policy: Callable[..., Any]    # (registration, executables, tokenizer) -> policy
+    create_service: Callable[..., Any]   # (registration, component, residency, state, **common) -> service
+    route: str                       # the loomd.routes module (spec section) of its endpoint
+    state_scopes: tuple[str, ...] = ("page",)   # the `state` scopes its service knows how to retain
+
+    def serves(self, stages: set[str]) -> bool:
+        return all(stage in stages for stage in self.stages)
+
+
+_MODULES = {"text": "text", "embedding": "embedding", "decision": "decision", "sequence": "sequence"}
+
+
+def kind_spec(kind: str) -> KindSpec | None:
+    """The spec of `kind`, or None when no service module serves it yet."""
+    if kind not in DOCUMENT_KINDS:
         raise ValueError(f"unknown kind {kind!r}")
-    try:
-        return importlib.import_module(f"loomrt.services.{kind}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"loomrt.services.{kind}":
-            return None
-        raise
+    module = _MODULES.get(kind)
+    return None if module is None else importlib.import_module(f"loomrt.services.{module}").KIND
 
 
-def service_stage(module: ModuleType | None) -> str | None:
-    if module is None:
-        return None
-    for name in ("SERVICE_STAGE", "STEP_STAGE", "DECIDE_STAGE"):
-        stage = getattr(module, name, None)
-        if stage is not None:
-            return stage
-    return None
+def serving_spec(kind: str, stages: set[str]) -> KindSpec | None:
+    """The kind's spec when the program declares every stage of it, else None (native-only)."""
+    spec = kind_spec(kind)
+    return spec if spec is not None and spec.serves(stages) else None
 
 
-def serving_module(kind: str, stages: set[str]) -> ModuleType | None:
-    """The kind's module when the program declares the kind's stage, else None (native-only)."""
-    module = service_module(kind)
-    stage = service_stage(module)
-    return module if module is not None and (stage is None or stage in stages) else None
+__all__ = ["KindSpec", "kind_spec", "serving_spec"]

@@ -1,19 +1,28 @@
 """The service skeleton every modality shares: a bounded queue, a worker thread, step boundaries.
 
 A service owns a deployment's executables, its retained state and a reference to its
-params component. Work arrives as `Job`s: each job is a sequence of stage calls (one per
-step), and the worker runs one step of every active job per pass, so many requests share
-the device and nothing waits for a whole request ahead of it. Between passes (the safe
-boundary) the worker applies a pending variant selection, cancels jobs whose client left,
-and, under an abort, fails everything with `Gone`. Under a drain it finishes every accepted
-job, then stops. Modality services (text, embedding, ...) replace `Job` with their own
-batching, keeping this contract: admission, boundaries, selection, drain and abort.
+params component. Work arrives as `Job`s; the worker runs passes, and between passes (the
+safe boundary) it applies a pending variant selection, admits pending jobs, cancels jobs
+whose client left, and, under an abort, fails everything with `Gone`. Under a drain it
+finishes every accepted job, then stops.
+
+A pass is plan -> execute -> apply, joined by plain data (vLLM v1's shape):
+
+    plan(jobs)            -> [StepPlan]        which rows run, packed into one stage call each
+    execute(plan, params) -> outputs | None    the stage call (a failure fails the plan's jobs)
+    apply(plan, outputs)                        advance the jobs, publish, finish
+    retire(plan)                                release what `plan` reserved for the call
+
+Modality services (text, embedding, ...) override the three; the base runs each job's own
+steps one at a time (the native-only service of a program without its kind's stages).
+Construction builds; `start()` starts the worker.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,14 +32,27 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import Gone, LoomError, NotFound, QueueFull, Unavailable, run_errors
+from loomrt.errors import Gone, LoomError, NotFound, QueueFull, Unavailable, internal_error, run_errors
 from loomrt.residency import Component, Residency
+
+log = logging.getLogger("loomrt.services")
 
 
 @dataclass(frozen=True)
 class Step:
     stage: str
     inputs: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One stage call of a pass: the jobs taking part (each once; a failed call fails them all),
+    the stage's inputs, and the per-row records `apply` reads the outputs back with."""
+
+    stage: str
+    jobs: tuple["Job", ...]
+    inputs: Mapping[str, np.ndarray]
+    rows: tuple[Any, ...] = ()
 
 
 _job_ids = itertools.count(1)
@@ -51,6 +73,7 @@ class Job:
         self.kind = kind
         self.created = time.time()
         self.model: str | None = None
+        self.route: str | None = None      # where it came from, for its event (an HTTP route, say)
         self.steps = list(steps)
         self.on_step = on_step
         self.future: Future = Future()
@@ -68,13 +91,20 @@ class Job:
     def cancel(self, reason: LoomError | None = None) -> None:
         self.cancelled = reason or Unavailable("the request was cancelled")
 
+    def outcome(self) -> dict[str, Any]:
+        """What the finished request's event reports besides its id, model, kind and duration."""
+        return {"steps": len(self.steps), "steps_done": self.done_steps}
+
+
+Outcomes = Callable[[Job, "LoomError | None"], None]
+
 
 class StageService:
     """Runs jobs' stage calls over one deployment's executables, params and state."""
 
     def __init__(self, model: str, executables: Any, component: Component, residency: Residency,
                  state: dict[str, np.ndarray], pending_capacity: int, *, variant: int | None = None,
-                 max_active: int | None = None):
+                 max_active: int | None = None, outcomes: Outcomes | None = None):
         self.model = model
         self.executables = executables
         self.variant = variant
@@ -90,8 +120,13 @@ class StageService:
         self._stopping: str | None = None      # "drain" | "abort"
         self._stopped: Future = Future()
         self.steps_run = 0
+        self.outcomes = outcomes                # told every finished request (the registry's events)
         self._thread = threading.Thread(target=self._run, name=f"loom-service-{model}", daemon=True)
+
+    def start(self) -> "StageService":
+        """Start the worker: construction only builds, so a subclass finishes its own set-up first."""
         self._thread.start()
+        return self
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -171,11 +206,11 @@ class StageService:
                 job.cancel(Gone(f"model '{self.model}' was unregistered (abort) before the request finished"))
         for job in [j for j in self._pending if j.cancelled is not None]:
             self._pending.remove(job)
-            settle.append(lambda job=job: self._resolve(job, job.cancelled))
+            settle.append(lambda job=job: self._settle(job, job.cancelled))
         for job in [j for j in self._active if j.cancelled is not None]:
             self._active.remove(job)
             self._released(job)
-            settle.append(lambda job=job: self._resolve(job, job.cancelled))
+            settle.append(lambda job=job: self._settle(job, job.cancelled))
         while self._pending and (self.max_active is None or len(self._active) < self.max_active) \
                 and self._start(self._pending[0]):
             self._active.append(self._pending.popleft())
@@ -200,6 +235,12 @@ class StageService:
             job.future.set_result(job.outputs)
         else:
             job.future.set_exception(error)
+
+    def _settle(self, job: Job, error: LoomError | None) -> None:
+        """Deliver the outcome, then tell `outcomes` (the request's event)."""
+        self._resolve(job, error)
+        if self.outcomes is not None:
+            self.outcomes(job, error)
 
     def wake(self) -> None:
         """Something a paused job waited for happened (a reader took output): look again."""
@@ -231,52 +272,70 @@ class StageService:
             self._stopped.set_result(None)
 
     def _pass(self, jobs: list[Job]) -> None:
-        """One pass with the params held: load them (first use), run, release, account scratch."""
+        """One pass with the params held: load them (first use), plan, execute and apply each
+        stage call, release, account scratch."""
         try:
             params = self.residency.acquire(self.component)
         except LoomError as exc:
             self._fail_all(jobs, exc)
             return
         try:
-            self._run_pass(jobs, params)
+            for plan in self.plan(jobs):
+                try:
+                    outputs = self.execute(plan, params)
+                    if outputs is not None:
+                        self.steps_run += 1
+                        self.apply(plan, outputs)
+                except LoomError as exc:
+                    self._fail_all(plan.jobs, exc)
+                finally:
+                    self.retire(plan)
         finally:
             self.residency.release(self.component)
             scratch = sum(p.scratch_bytes() for p in self.executables.programs.values())
             self.residency.devices.set(self.component.device.key, self.component.owner, "scratch", scratch)
 
-    def _run_pass(self, jobs: list[Job], params: dict[str, Any]) -> None:
-        """The work of one pass; modality services batch their jobs into one stage call here."""
-        for job in jobs:
-            self._step(job, params)
+    # ---- the three phases of a pass (modality services override them) ------------------------------
 
-    def _step(self, job: Job, params: dict[str, Any]) -> None:
-        step = job.steps[job.done_steps]
+    def plan(self, jobs: list[Job]) -> list[StepPlan]:
+        """The stage calls of this pass. Here: each job's next step, one call per job."""
+        return [StepPlan(job.steps[job.done_steps].stage, (job,), job.steps[job.done_steps].inputs) for job in jobs]
+
+    def execute(self, plan: StepPlan, params: dict[str, Any]) -> dict[str, np.ndarray] | None:
+        """The stage call. A failure fails the plan's jobs (the others keep being served) and
+        returns None; anything but a LoomError is a bug below us, logged with its traceback."""
         try:
             with run_errors():
-                outputs = self.executables.programs[step.stage].run(params, self.state, step.inputs)
-            job.outputs.append(outputs)
-            self.steps_run += 1
-            if job.on_step is not None:
-                job.on_step(job.done_steps - 1, outputs)
+                return self.executables.programs[plan.stage].run(params, self.state, plan.inputs)
         except LoomError as exc:
-            self._finish(job, exc)
-            return
-        except Exception as exc:  # a bug below us: fail this job, keep serving the others
-            self._finish(job, LoomError(f"stage '{step.stage}' failed: {type(exc).__name__}: {exc}"))
-            return
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - a bug below us: report it, keep serving
+            error = internal_error(log, f"model '{self.model}': stage '{plan.stage}' failed", exc)
+        self._fail_all(plan.jobs, error)
+        return None
+
+    def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
+        """Advance the jobs with the call's outputs. Here: the job's step is done."""
+        (job,) = plan.jobs
+        job.outputs.append(outputs)
+        if job.on_step is not None:
+            job.on_step(job.done_steps - 1, outputs)
         if job.done_steps == len(job.steps):
             self._finish(job, None)
+
+    def retire(self, plan: StepPlan) -> None:
+        """After the call, whatever happened: release what `plan` reserved for it."""
 
     def _finish(self, job: Job, error: LoomError | None) -> None:
         with self._cond:
             if job in self._active:
                 self._active.remove(job)
                 self._released(job)
-        self._resolve(job, error)
+        self._settle(job, error)
 
     def _fail_all(self, jobs: list[Job], error: LoomError) -> None:
         for job in jobs:
             self._finish(job, error)
 
 
-__all__ = ["Job", "StageService", "Step"]
+__all__ = ["Job", "StageService", "Step", "StepPlan"]

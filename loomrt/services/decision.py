@@ -28,10 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import CompileError, InvalidDecision, InvalidRequest, LoomError, run_errors
+from loomrt.errors import CompileError, InvalidDecision, InvalidRequest, LoomError
 from loomrt.fields import reject_unknown, shown
 from loomrt.kv import PagePool
-from loomrt.services.base import Job, StageService
+from loomrt.services import KindSpec
+from loomrt.services.base import Job, StageService, StepPlan
+from loomrt.services.packing import TokenRow, pack_rows
 
 DECIDE_STAGE = "decide"
 QUESTION_FN = "decision_question"
@@ -198,19 +200,19 @@ def _contract_error(message: str, fn: str = QUESTION_FN) -> LoomError:
 
 
 class DecisionPolicy:
-    def __init__(self, vm: Any, tokenizer: Any, vocab_size: int):
-        self.vm = vm
+    def __init__(self, control: Any, tokenizer: Any, vocab_size: int):
+        self.control = control
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        if not vm.has(QUESTION_FN):
+        if not control.has(QUESTION_FN):
             raise CompileError(f"a decision deployment's control program needs fn {QUESTION_FN}(state: any, id: str, "
                                "question: map, tok: any) -> map")
-        if not vm.has(ANSWER_FN):
+        if not control.has(ANSWER_FN):
             raise CompileError(f"a decision deployment's control program needs fn {ANSWER_FN}(id: str, question: map, "
                                "probabilities: list) -> map")
         self.capacity = MAX_QUESTIONS
-        if vm.has(CAPACITY_FN):
-            value = vm.call(CAPACITY_FN, [])
+        if control.has(CAPACITY_FN):
+            value = control.call(CAPACITY_FN, [])
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CompileError(f"the control program's {CAPACITY_FN}() must return a positive integer")
             self.capacity = min(value, MAX_QUESTIONS)
@@ -219,7 +221,7 @@ class DecisionPolicy:
         """Render every question (PolicyFailure carries the policy's own 422 / 4xx)."""
         out = []
         for q in questions:
-            result = self.vm.call(QUESTION_FN, [state, q.id, q.body, self.tokenizer])
+            result = self.control.call(QUESTION_FN, [state, q.id, q.body, self.tokenizer])
             if not isinstance(result, dict):
                 raise _contract_error(f"question '{q.id}': it must return a map")
             prompt, choices = result.get("prompt"), result.get("choices")
@@ -260,7 +262,7 @@ class DecisionPolicy:
     def _derived(self, q: Question, ids: list[str], p: list[float]) -> Any:
         """decision_answer()'s field for question `q`, checked: an option id of the question, a
         finite expected level in 0..levels-1, or a finite probability in [0, 1]."""
-        result = self.vm.call(ANSWER_FN, [q.id, q.body, p])
+        result = self.control.call(ANSWER_FN, [q.id, q.body, p])
         key = ANSWER_FIELD[q.type]
         if not isinstance(result, dict) or list(result) != [key]:
             got = f"a map with keys {json.dumps(list(result))}" if isinstance(result, dict) else _show(result)
@@ -295,6 +297,9 @@ class Decision(Job):
     def input_tokens(self) -> int:
         return sum(len(q.prompt) for q in self.questions)
 
+    def outcome(self) -> dict[str, Any]:
+        return {"questions": len(self.questions), "prompt_tokens": self.input_tokens, "completion_tokens": 0}
+
     def describe(self, state: str) -> dict[str, Any]:
         out = super().describe(state)
         out.update(questions=len(self.questions), questions_done=self.answered, prompt_tokens=self.input_tokens)
@@ -317,13 +322,23 @@ def check_vector(vector: np.ndarray, padding: np.ndarray, qid: str) -> None:
                         f"it {problem}; it is not normalised or truncated by the host")
 
 
+@dataclass(frozen=True)
+class QuestionRow(TokenRow):
+    """A row of a decide call: one question's whole prompt, on pages reserved for this call."""
+
+    question: int = 0
+
+
 class DecisionService(StageService):
-    def __init__(self, *args: Any, page_size: int, pass_tokens: int = PASS_TOKENS, **kwargs: Any):
-        state = kwargs["state"] if "state" in kwargs else args[4]
-        pages = next((a.shape[0] for a in state.values()), 0)
-        self.pool = PagePool(pages, page_size)
-        self.pass_tokens = pass_tokens
+    """`page_states` are the `per page` states a question's prompt is written to (the pool
+    sizes from them); a question's pages live for one call."""
+
+    def __init__(self, *args: Any, page_size: int, page_states: list[str], pass_tokens: int = PASS_TOKENS,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
+        paged = [self.state[name] for name in page_states]
+        self.pool = PagePool(paged[0].shape[0] if paged else 0, page_size)
+        self.pass_tokens = pass_tokens
 
     @property
     def max_prompt(self) -> int:
@@ -351,92 +366,69 @@ class DecisionService(StageService):
         else:
             job.future.set_exception(error)
 
-    def _plan(self, jobs: list[Decision]) -> list[tuple[Decision, int, list[int]]]:
-        """(request, row index, pages) of the rows in this pass: whole prompts, oldest request
-        first, while the token budget and the free pages last (the first row always fits)."""
-        plan: list[tuple[Decision, int, list[int]]] = []
+    # ---- one pass: plan -> execute -> apply ---------------------------------------------------
+
+    def plan(self, jobs: list[Decision]) -> list[StepPlan]:
+        """Whole question prompts, oldest request first, while the token budget and the free
+        pages last (the first row always fits)."""
+        rows: list[QuestionRow] = []
         tokens = 0
         with self._cond:
-            for job in jobs:
+            for job in (j for j in jobs if j.cancelled is None):
                 while job.scheduled < len(job.questions):
-                    n = len(job.questions[job.scheduled].prompt)
-                    if plan and tokens + n > self.pass_tokens:
-                        return plan
-                    pages = self.pool.reserve(n)
+                    prompt = job.questions[job.scheduled].prompt
+                    if rows and tokens + len(prompt) > self.pass_tokens:
+                        break
+                    pages = self.pool.reserve(len(prompt))
                     if pages is None:
-                        return plan
-                    plan.append((job, job.scheduled, pages))
+                        break
+                    rows.append(QuestionRow(job, tuple(prompt), 0, tuple(pages), question=job.scheduled))
                     job.scheduled += 1
-                    tokens += n
-        return plan
+                    tokens += len(prompt)
+                else:
+                    continue
+                break
+        if not rows:
+            return []
+        width = max(len(r.job.questions[r.question].choices) for r in rows)
+        inputs = pack_rows(rows)
+        choices = np.zeros((len(rows), width), np.int32)
+        for i, r in enumerate(rows):
+            q = r.job.questions[r.question]
+            choices[i, :len(q.choices)] = q.choices
+        inputs.update(choices=choices,
+                      counts=np.array([len(r.job.questions[r.question].choices) for r in rows], np.int32))
+        return [StepPlan(DECIDE_STAGE, tuple(dict.fromkeys(r.job for r in rows)), inputs, tuple(rows))]
 
-    def _run_pass(self, jobs: list[Decision], params: dict[str, Any]) -> None:
-        plan = self._plan([j for j in jobs if j.cancelled is None])
-        if not plan:
-            return
-        try:
-            out = self._decide(plan, params)
-        finally:
-            with self._cond:
-                for _, _, pages in plan:
-                    self.pool.release(pages)
-        if isinstance(out, LoomError):
-            self._fail_all(list(dict.fromkeys(job for job, _, _ in plan)), out)
-            return
-        self.steps_run += 1
-        failed: dict[int, LoomError] = {}
-        for r, (job, row, _) in enumerate(plan):
+    def retire(self, plan: StepPlan) -> None:
+        with self._cond:
+            for row in plan.rows:
+                self.pool.release(list(row.pages))
+
+    def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
+        probs = np.asarray(outputs["probs"])
+        want = (len(plan.rows), plan.inputs["choices"].shape[1])
+        if probs.shape != want or probs.dtype != np.float32:
+            raise LoomError(f"stage '{DECIDE_STAGE}' returned {probs.dtype}{list(probs.shape)}, expected "
+                            f"float32{list(want)}")
+        failed: set[int] = set()
+        for r, row in enumerate(plan.rows):
+            job = row.job
             if job.id in failed:
                 continue
-            q = job.questions[row]
+            q = job.questions[row.question]
             n = len(q.choices)
             try:
-                check_vector(out[r, :n], out[r, n:], q.question.id)
+                check_vector(probs[r, :n], probs[r, n:], q.question.id)
             except LoomError as exc:
-                failed[job.id] = exc
+                failed.add(job.id)
                 self._finish(job, exc)
                 continue
-            job.probabilities[row] = out[r, :n].copy()
+            job.probabilities[row.question] = probs[r, :n].copy()
             job.answered += 1
-        for job in dict.fromkeys(job for job, _, _ in plan):
+        for job in plan.jobs:
             if job.id not in failed and job.answered == len(job.questions):
                 self._finish(job, None)
-
-    def _decide(self, plan: list[tuple[Decision, int, list[int]]], params: dict[str, Any]) -> np.ndarray | LoomError:
-        R = len(plan)
-        P = max(len(pages) for _, _, pages in plan)
-        C = max(len(job.questions[row].choices) for job, row, _ in plan)
-        tokens: list[int] = []
-        positions: list[int] = []
-        rows: list[int] = []
-        last = np.zeros(R, np.int32)
-        page_table = np.zeros((R, P), np.int32)
-        choices = np.zeros((R, C), np.int32)
-        counts = np.zeros(R, np.int32)
-        for r, (job, row, pages) in enumerate(plan):
-            q = job.questions[row]
-            tokens += q.prompt
-            positions += range(len(q.prompt))
-            rows += [r] * len(q.prompt)
-            last[r] = len(tokens) - 1
-            page_table[r, :len(pages)] = pages
-            choices[r, :len(q.choices)] = q.choices
-            counts[r] = len(q.choices)
-        inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
-                  "rows": np.asarray(rows, np.int32), "page_table": page_table, "last": last,
-                  "choices": choices, "counts": counts}
-        try:
-            with run_errors():
-                probs = self.executables.programs[DECIDE_STAGE].run(params, self.state, inputs)["probs"]
-        except LoomError as exc:
-            return exc
-        except Exception as exc:  # a bug below us: fail these requests, keep serving
-            return LoomError(f"stage '{DECIDE_STAGE}' failed: {type(exc).__name__}: {exc}")
-        probs = np.asarray(probs)
-        if probs.shape != (R, C) or probs.dtype != np.float32:
-            return LoomError(f"stage '{DECIDE_STAGE}' returned {probs.dtype}{list(probs.shape)}, expected "
-                             f"float32[{R}, {C}]")
-        return probs
 
 
 # ---- the kind module's entry points (loomrt.services) --------------------------------------------
@@ -444,22 +436,23 @@ class DecisionService(StageService):
 def create_policy(reg: Any, executables: Any, tokenizer: Any) -> DecisionPolicy:
     from loomrt.control import Control
 
-    if DECIDE_STAGE not in executables.programs:
-        raise CompileError(f"model '{reg.name}': a decision deployment's control program declares "
-                           f"`stage {DECIDE_STAGE}` (docs/source-contracts.md)")
     if tokenizer is None:
         raise CompileError(f"model '{reg.name}': a decision deployment needs a tokenizer")
     return DecisionPolicy(Control(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> DecisionService:
-    from loomrt.state import PAGE_SIZE_CONFIG
+    from loomrt.state import page_size
 
-    page_size = reg.executables.module.config(PAGE_SIZE_CONFIG) or 1
+    module = reg.executables.module
     common["max_active"] = common.get("max_active") or DEFAULT_ACTIVE
     return DecisionService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
-                           page_size=page_size, **common)
+                           page_size=page_size(module) or 1,
+                           page_states=[s.name for s in module.stage_states(DECIDE_STAGE) if s.scope == "page"],
+                           **common)
 
 
-__all__ = ["DecisionPolicy", "Decision", "DecisionService", "InvalidDecision", "PreparedQuestion", "Question",
+KIND = KindSpec("decision", (DECIDE_STAGE,), create_policy, create_service, route="systemone")
+
+__all__ = ["KIND", "DecisionPolicy", "Decision", "DecisionService", "InvalidDecision", "PreparedQuestion", "Question",
            "check_body_fields", "check_vector", "create_policy", "create_service", "parse_questions"]

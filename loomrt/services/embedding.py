@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import CompileError, InvalidRequest, LoomError, run_errors
-from loomrt.services.base import Job, StageService
+from loomrt.errors import CompileError, InvalidRequest, LoomError
+from loomrt.services import KindSpec
+from loomrt.services.base import Job, StageService, StepPlan
 
 ENCODE_STAGE = "encode"
 REQUEST_FN = "embedding_request"
@@ -55,12 +56,12 @@ class PreparedEmbedding:
 class EmbeddingPolicy:
     """What the host asks of an embedding deployment's control program before encoding."""
 
-    def __init__(self, vm: Any, tokenizer: Any, vocab_size: int | None, width: int):
-        self.vm = vm
+    def __init__(self, control: Any, tokenizer: Any, vocab_size: int | None, width: int):
+        self.control = control
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.width = width
-        if not vm.has(REQUEST_FN):
+        if not control.has(REQUEST_FN):
             raise CompileError(f"an embedding deployment's control program needs fn {REQUEST_FN}(request: map, "
                                "tok: any) -> map (docs/source-contracts.md)")
 
@@ -69,7 +70,7 @@ class EmbeddingPolicy:
         `request["input"]` is the list of inputs, each a string or a list of token ids."""
         given = request["input"]
         budget = BASE_BUDGET + BUDGET_PER_ITEM * sum(len(x) + 1 for x in given)
-        result = self.vm.call(REQUEST_FN, [request, self.tokenizer], budget)
+        result = self.control.call(REQUEST_FN, [request, self.tokenizer], budget)
         if not isinstance(result, dict):
             raise _contract_error("it must return a map")
         inputs = result.get("inputs")
@@ -107,6 +108,9 @@ class EmbeddingJob(Job):
     def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.tokens, "total_tokens": self.tokens}
 
+    def outcome(self) -> dict[str, Any]:
+        return {"inputs": len(self.inputs), "prompt_tokens": self.tokens}
+
     def describe(self, state: str) -> dict[str, Any]:
         out = super().describe(state)
         out.update(inputs=len(self.inputs), inputs_done=self.done, prompt_tokens=self.tokens)
@@ -115,10 +119,10 @@ class EmbeddingJob(Job):
 
 class EmbeddingService(StageService):
     def __init__(self, *args: Any, width: int, cohort_tokens: int = DEFAULT_COHORT_TOKENS, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self.width = width
         self.cohort_tokens = cohort_tokens
         self.cohorts = 0
-        super().__init__(*args, **kwargs)
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -150,59 +154,47 @@ class EmbeddingService(StageService):
         else:
             job.future.set_exception(error)
 
-    # ---- one cohort --------------------------------------------------------------------------
+    # ---- one cohort: plan -> execute -> apply -------------------------------------------------
 
-    def _plan(self, jobs: list[EmbeddingJob]) -> list[tuple[EmbeddingJob, int]]:
-        """(job, input index) of this cohort: round-robin over the jobs, one input at a time, so
-        a large batch does not hold back the requests behind it; at most `cohort_tokens` tokens,
-        but always at least one input."""
-        plan: list[tuple[EmbeddingJob, int]] = []
+    def plan(self, jobs: list[EmbeddingJob]) -> list[StepPlan]:
+        """One cohort: round-robin over the jobs, one input at a time, so a large batch does not
+        hold back the requests behind it; at most `cohort_tokens` tokens, but always at least
+        one input. Inputs are packed back to back: input b is tokens starts[b] ..< + lengths[b]."""
+        picked: list[tuple[EmbeddingJob, int]] = []
         used = 0
         open_jobs = [j for j in jobs if j.dispatched < len(j.inputs)]
         while open_jobs:
             still = []
             for job in open_jobs:
                 n = len(job.inputs[job.dispatched])
-                if plan and used + n > self.cohort_tokens:
+                if picked and used + n > self.cohort_tokens:
                     continue  # this job is done for this cohort
-                plan.append((job, job.dispatched))
+                picked.append((job, job.dispatched))
                 used += n
                 job.dispatched += 1
                 if job.dispatched < len(job.inputs):
                     still.append(job)
             open_jobs = still
-        return plan
-
-    def _run_pass(self, jobs: list[EmbeddingJob], params: dict[str, Any]) -> None:
-        plan = self._plan(jobs)
-        if not plan:
-            return
-        members = list(dict.fromkeys(job for job, _ in plan))
-        lengths = np.array([len(job.inputs[i]) for job, i in plan], np.int32)
-        starts = np.zeros(len(plan), np.int32)
+        if not picked:
+            return []
+        lengths = np.array([len(job.inputs[i]) for job, i in picked], np.int32)
+        starts = np.zeros(len(picked), np.int32)
         np.cumsum(lengths[:-1], out=starts[1:])
-        tokens = np.fromiter((t for job, i in plan for t in job.inputs[i]), np.int32, int(lengths.sum()))
-        seq = np.repeat(np.arange(len(plan), dtype=np.int32), lengths)
-        positions = np.arange(len(tokens), dtype=np.int32) - np.repeat(starts, lengths)
-        inputs = {"tokens": tokens, "positions": positions, "seq": seq, "starts": starts, "lengths": lengths}
-        try:
-            with run_errors():
-                out = self.executables.programs[ENCODE_STAGE].run(params, self.state, inputs)
-            vectors = out["vectors"]
-            if vectors.shape != (len(plan), self.width) or vectors.dtype != np.float32:
-                raise LoomError(f"stage '{ENCODE_STAGE}' returned vectors {vectors.dtype}{list(vectors.shape)}, "
-                                f"expected f32[{len(plan)}, {self.width}]")
-        except LoomError as exc:
-            self._fail_all(members, exc)
-            return
-        except Exception as exc:  # a bug below us: fail this cohort's requests, keep serving
-            self._fail_all(members, LoomError(f"stage '{ENCODE_STAGE}' failed: {type(exc).__name__}: {exc}"))
-            return
-        self.steps_run += 1
+        tokens = np.fromiter((t for job, i in picked for t in job.inputs[i]), np.int32, int(lengths.sum()))
+        inputs = {"tokens": tokens, "positions": np.arange(len(tokens), dtype=np.int32) - np.repeat(starts, lengths),
+                  "seq": np.repeat(np.arange(len(picked), dtype=np.int32), lengths), "starts": starts,
+                  "lengths": lengths}
+        return [StepPlan(ENCODE_STAGE, tuple(dict.fromkeys(job for job, _ in picked)), inputs, tuple(picked))]
+
+    def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
+        vectors = outputs["vectors"]
+        if vectors.shape != (len(plan.rows), self.width) or vectors.dtype != np.float32:
+            raise LoomError(f"stage '{ENCODE_STAGE}' returned vectors {vectors.dtype}{list(vectors.shape)}, "
+                            f"expected f32[{len(plan.rows)}, {self.width}]")
         self.cohorts += 1
         finite = np.isfinite(vectors).all(axis=1)
         failed: set[int] = set()
-        for (job, i), row, ok in zip(plan, vectors, finite):
+        for (job, i), row, ok in zip(plan.rows, vectors, finite):
             if job.cancelled is not None or id(job) in failed:
                 continue  # the client left: drop its vectors; its peers keep theirs
             if not ok:
@@ -212,7 +204,7 @@ class EmbeddingService(StageService):
                 continue
             job.vectors[i] = row
             job.done += 1
-        for job in members:
+        for job in plan.jobs:
             if job.cancelled is None and id(job) not in failed and job.done == len(job.inputs):
                 self._finish(job, None)
 
@@ -231,9 +223,6 @@ def create_policy(reg: Any, executables: Any, tokenizer: Any) -> EmbeddingPolicy
     """The embedding policy (the control program's `embedding_request`) and the encode stage."""
     from loomrt.control import Control
 
-    if ENCODE_STAGE not in executables.programs:
-        raise CompileError(f"model '{reg.name}': an embedding deployment's control program declares "
-                           f"`stage {ENCODE_STAGE}` (docs/source-contracts.md)")
     vocab = None
     if tokenizer is not None:
         # A tokenizer.json may carry batch-encoding settings (all-MiniLM-L6-v2's pads and
@@ -254,5 +243,8 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
                             width=reg.policy.width, cohort_tokens=cohort, **common)
 
 
-__all__ = ["EmbeddingJob", "EmbeddingPolicy", "EmbeddingService", "PreparedEmbedding", "create_policy",
+KIND = KindSpec("embedding", (ENCODE_STAGE,), create_policy, create_service, route="embeddings",
+                state_scopes=())
+
+__all__ = ["KIND", "EmbeddingJob", "EmbeddingPolicy", "EmbeddingService", "PreparedEmbedding", "create_policy",
            "create_service"]

@@ -28,7 +28,7 @@ stage's opaque per-token bytes. It selects nothing and never advances past those
   `position + len(ids)` above `context_length`, or more pages than the whole pool, is
   `InvalidRequest` (400) with the numbers; an append that fits later waits in the queue.
 * **Named checkpoints.** `pin` copies an idle handle's pages into a host image
-  (`SequenceCheckpoint`, elastic backing: `checkpoint` is also the suspension); an initial
+  (`loomrt.pins.Checkpoint`, elastic backing: `checkpoint` is also the suspension); an initial
   request naming a checkpoint forks it: a new handle whose fresh pages get a copy of the
   image when it starts, then the ids are appended. The image is never written, so the
   source handle advancing, being evicted, or the pin being deleted never changes a fork.
@@ -44,14 +44,16 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable, run_errors
+from loomrt.errors import CompileError, Conflict, InvalidRequest, LoomError, NotFound
 from loomrt.kv import PagePool
-from loomrt.services.base import Job, StageService
+from loomrt.pins import Checkpoint, Pins
+from loomrt.services import KindSpec
+from loomrt.services.base import Job, StageService, StepPlan
+from loomrt.services.packing import TokenRow, pack_rows
 from loomrt.services.text import Outbox
 from loomrt.sessions import ORDERS
 
-STEP_STAGE = "consume"
-SERVICE_STAGE = STEP_STAGE  # a sequence program without it is native-only (loomrt.services.serving_module)
+STEP_STAGE = "consume"  # a sequence program without it is native-only (loomrt.services)
 REQUEST_FN = "sequence_request"
 STEP_TOKENS_CONFIG = "step_tokens"
 STEP_TOKENS = 256
@@ -72,24 +74,6 @@ class Session:
     order: int = field(default_factory=lambda: next(ORDERS))
 
 
-@dataclass
-class SequenceCheckpoint:
-    """A named, immutable endpoint of a handle: its consumed position and a host image of the
-    pages holding it, taken when it was pinned. Forks copy the image into fresh pages, so no
-    handle can change it and deleting it never invalidates a fork. Sequences have no pending
-    prediction: the position is the whole endpoint."""
-
-    name: str
-    session: str
-    position: int
-    image: dict[str, np.ndarray] = field(repr=False)
-    pending: None = None    # no pending prediction (the pin response says so with null)
-
-    @property
-    def host_bytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.image.values())
-
-
 class SequenceAppend(Job):
     """One request: known ids appended to a handle (a new one when `session` is None)."""
 
@@ -100,7 +84,7 @@ class SequenceAppend(Job):
         self.position = position              # the completed position the request names
         self.requested_session = session
         self.checkpoint = checkpoint          # X-Loom-Checkpoint: fork this endpoint into a new handle
-        self._from: SequenceCheckpoint | None = None  # resolved at admission; None once copied
+        self._from: Checkpoint | None = None  # resolved at admission; None once copied
         self.options = options
         self.outbox = outbox or Outbox()
         self.session: Session | None = None   # set at admission
@@ -125,6 +109,13 @@ class SequenceAppend(Job):
         super().cancel(reason)
         self._wake()
 
+    def outcome(self) -> dict[str, Any]:
+        out = {"session": self.handle, "position": self.position, "prompt_tokens": len(self.token_ids),
+               "consumed": self.consumed, "chunks": self.chunks}
+        if self.checkpoint is not None:
+            out["checkpoint"] = self.checkpoint
+        return out
+
     def describe(self, state: str) -> dict[str, Any]:
         out = super().describe(state)
         out.update(position=self.position, tokens=len(self.token_ids), consumed=self.consumed, chunks=self.chunks)
@@ -132,26 +123,21 @@ class SequenceAppend(Job):
 
 
 class SequenceService(StageService):
-    def __init__(self, *args: Any, page_size: int, context_length: int, step_tokens: int = STEP_TOKENS,
-                 credit: int = CREDIT, pages: int | None = None, checkpoint_capacity: int = 0,
-                 paged_states: list[str] | None = None, **kwargs: Any):
+    """`page_states` are the `per page` states a handle's pages index: the pool sizes from
+    them and a checkpoint images only them."""
+
+    def __init__(self, *args: Any, page_size: int, context_length: int, page_states: list[str],
+                 step_tokens: int = STEP_TOKENS, credit: int = CREDIT, checkpoint_capacity: int = 0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self.context_length = context_length
         self.step_tokens = max(1, int(step_tokens))
         self.credit = credit
-        if pages is None:  # the first state's leading dimension (a program whose states are all per page)
-            state = kwargs["state"] if "state" in kwargs else args[4]
-            pages = next((a.shape[0] for a in state.values()), 0)
-        self.pool = PagePool(pages, page_size)
+        self.paged = {name: self.state[name] for name in page_states}
+        self.pool = PagePool(next(iter(self.paged.values())).shape[0] if self.paged else 0, page_size)
         self.pages_per_row = self.pool.pages_for(context_length)
         self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()  # LRU first
         self.evictions = 0
-        self.checkpoint_capacity = checkpoint_capacity
-        self.checkpoints: dict[str, SequenceCheckpoint] = {}
-        state = kwargs["state"] if "state" in kwargs else args[4]
-        # The states a handle's pages index (a checkpoint images only these).
-        self._paged = list(paged_states) if paged_states is not None else \
-            [name for name, a in state.items() if a.shape[:1] == (pages,)]
-        super().__init__(*args, **kwargs)
+        self.pins = Pins(self.model, checkpoint_capacity)
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -177,7 +163,7 @@ class SequenceService(StageService):
                 raise InvalidRequest("X-Loom-Checkpoint forks into a new handle: omit 'session'",
                                      param="X-Loom-Checkpoint")
             if job.checkpoint is not None:
-                point = self._point(job.checkpoint, param="X-Loom-Checkpoint")
+                point = self.pins.get(job.checkpoint, param="X-Loom-Checkpoint")
                 if job.position != point.position:
                     raise Conflict(f"stale position {job.position}: checkpoint {point.name!r} is at position "
                                    f"{point.position}", param="position")
@@ -218,8 +204,8 @@ class SequenceService(StageService):
         out = super().counts()
         with self._cond:
             out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0,
-                       sessions=len(self._sessions), evictions=self.evictions, checkpoints=len(self.checkpoints),
-                       snapshot_bytes=sum(p.host_bytes for p in self.checkpoints.values()))
+                       sessions=len(self._sessions), evictions=self.evictions, checkpoints=len(self.pins),
+                       snapshot_bytes=self.pins.host_bytes)
         return out
 
     def sessions(self) -> list[dict[str, Any]]:
@@ -231,23 +217,13 @@ class SequenceService(StageService):
                      "residency": "pool" if s.busy is None else "active", "busy": s.busy is not None,
                      "order": s.order} for s in sorted(self._sessions.values(), key=lambda s: s.order)]
 
-    # ---- named checkpoints (the same contract as TextService's) -----------------------------------
+    # ---- named checkpoints (loomrt.pins) --------------------------------------------------------
 
-    def _point(self, name: str, param: str | None = None) -> SequenceCheckpoint:
-        """The checkpoint `name` (under the lock); 404 when absent or the deployment keeps none."""
-        if self.checkpoint_capacity == 0:
-            raise NotFound(f"model '{self.model}' keeps no checkpoints (its checkpoint_capacity is 0)", param=param)
-        point = self.checkpoints.get(name)
-        if point is None:
-            raise NotFound(f"model '{self.model}' has no checkpoint {name!r}", param=param)
-        return point
-
-    def pin(self, name: str, session: str) -> SequenceCheckpoint:
+    def pin(self, name: str, session: str) -> Checkpoint:
         """Pin the idle handle `session` at its completed position as checkpoint `name` (a host
         image of its pages, so the handle may advance or be evicted afterwards)."""
         with self._cond:
-            if self.checkpoint_capacity == 0:
-                raise NotFound(f"model '{self.model}' keeps no checkpoints (its checkpoint_capacity is 0)")
+            self.pins.require_enabled()
             handle = self._sessions.get(session)
             if handle is None:
                 raise NotFound(f"model '{self.model}' has no sequence handle {session!r} (never issued, evicted "
@@ -255,28 +231,20 @@ class SequenceService(StageService):
             if handle.busy is not None:
                 raise Conflict(f"sequence handle {session!r} is busy: pin it once its append finished",
                                param="X-Loom-Session")
-            if name in self.checkpoints:
-                raise Conflict(f"checkpoint {name!r} exists already; delete it first")
-            if len(self.checkpoints) >= self.checkpoint_capacity:
-                raise Unavailable(f"model '{self.model}' keeps at most {self.checkpoint_capacity} checkpoints")
+            self.pins.check_room(name)
             held = handle.pages[:self.pool.pages_for(handle.position)]
-            image = {k: self.state[k][held].copy() for k in self._paged}
-            point = SequenceCheckpoint(name, session, handle.position, image)
-            self.checkpoints[name] = point
-            return point
+            image = {k: array[held].copy() for k, array in self.paged.items()}
+            return self.pins.add(Checkpoint(name, session, handle.position, image))
 
-    def checkpoint(self, name: str) -> SequenceCheckpoint:
+    def checkpoint(self, name: str) -> Checkpoint:
         """The checkpoint `name`; pins are host images already, so this is also `/suspend`."""
         with self._cond:
-            return self._point(name)
+            return self.pins.get(name)
 
     def unpin(self, name: str) -> None:
         """Delete a pin. Forks already started own copies; queued forks still need the image (409)."""
         with self._cond:
-            point = self._point(name)
-            if any(getattr(j, "_from", None) is point for j in self._pending):
-                raise Conflict(f"checkpoint {name!r} has queued requests forking from it")
-            del self.checkpoints[name]
+            self.pins.remove(name, (getattr(j, "_from", None) for j in self._pending))
 
     def session_position(self, handle: str) -> int | None:
         """The completed position of a retained handle, or None (for tests and inspection)."""
@@ -369,13 +337,13 @@ class SequenceService(StageService):
         job.outbox.put("done", payload)
         job.future.set_result(payload)
 
-    # ---- one step ----------------------------------------------------------------------------
+    # ---- one step: plan -> execute -> apply ---------------------------------------------------
 
-    def _plan(self, jobs: list[SequenceAppend]) -> list[tuple[SequenceAppend, int]]:
-        """(append, ids it feeds) per row of this step. The step's token budget is shared
-        fairly: each runnable append gets an equal share (at least one id while the budget
-        lasts), and what a short append leaves goes to the others in admission order, so a
-        long append never holds back the rows that share its steps."""
+    def plan(self, jobs: list[SequenceAppend]) -> list[StepPlan]:
+        """One packed `consume` call. The step's token budget is shared fairly: each runnable
+        append gets an equal share (at least one id while the budget lasts), and what a short
+        append leaves goes to the others in admission order, so a long append never holds
+        back the rows that share its steps."""
         if not jobs:
             return []
         budget = self.step_tokens
@@ -393,48 +361,27 @@ class SequenceService(StageService):
             if extra > 0:
                 take[i] = take.get(i, 0) + extra
                 budget -= extra
-        return [(jobs[i], take[i]) for i in sorted(take)]
+        rows = [TokenRow(jobs[i], tuple(jobs[i].token_ids[jobs[i].consumed:jobs[i].consumed + take[i]]),
+                         jobs[i].position + jobs[i].consumed, tuple(jobs[i].session.pages)) for i in sorted(take)]
+        if not rows:
+            return []
+        inputs = pack_rows(rows, self.pages_per_row)
+        del inputs["last"]  # the consume stage returns every token's row: it takes no `last`
+        return [StepPlan(STEP_STAGE, tuple(r.job for r in rows), inputs, tuple(rows))]
 
-    def _run_pass(self, jobs: list[SequenceAppend], params: dict[str, Any]) -> None:
-        plan = self._plan(jobs)
-        if not plan:
-            return
-        R, P = len(plan), self.pages_per_row
-        tokens: list[int] = []
-        positions: list[int] = []
-        rows: list[int] = []
-        page_table = np.full((R, P), -1, np.int32)
-        for r, (job, n) in enumerate(plan):
-            start = job.position + job.consumed
-            tokens += job.token_ids[job.consumed:job.consumed + n]
-            positions += range(start, start + n)
-            rows += [r] * n
-            page_table[r, :len(job.session.pages)] = job.session.pages
-        inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
-                  "rows": np.asarray(rows, np.int32), "page_table": page_table}
-        try:
-            with run_errors():
-                out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
-            result = _per_token(out)
-        except LoomError as exc:
-            self._fail_all([job for job, _ in plan], exc)
-            return
-        except Exception as exc:  # a bug below us: fail these rows, keep serving
-            self._fail_all([job for job, _ in plan], LoomError(f"stage '{STEP_STAGE}' failed: "
-                                                               f"{type(exc).__name__}: {exc}"))
-            return
-        self.steps_run += 1
+    def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
+        result = _per_token(outputs)
         offset = 0
-        for job, n in plan:
-            start = job.position + job.consumed
+        for row in plan.rows:
+            job, n = row.job, len(row.tokens)
             data = result[offset:offset + n].tobytes()   # a copy: the next step may reuse the buffers
-            chunk = {"session": job.handle, "position": start, "next_position": start + n,
-                     "token_ids": job.token_ids[job.consumed:job.consumed + n], "data": data}
+            chunk = {"session": job.handle, "position": row.start, "next_position": row.start + n,
+                     "token_ids": list(row.tokens), "data": data}
             offset += n
             with self._cond:
                 job.consumed += n
                 job.chunks += 1
-                job.session.position = start + n
+                job.session.position = row.start + n
             job.outbox.put("chunk", chunk)
             if not job.remaining:
                 self._finish(job, None)
@@ -463,9 +410,9 @@ class SequenceRequest:
 class SequencePolicy:
     """Calls the control program's `sequence_request(options)` (when it has one)."""
 
-    def __init__(self, vm: Any):
-        self.vm = vm
-        self.has_fn = vm.has(REQUEST_FN)
+    def __init__(self, control: Any):
+        self.control = control
+        self.has_fn = control.has(REQUEST_FN)
 
     def prepare(self, options: dict[str, Any]) -> SequenceRequest:
         if not self.has_fn:
@@ -473,7 +420,7 @@ class SequencePolicy:
                 raise InvalidRequest("options: this model takes no options (its control program has no "
                                      f"{REQUEST_FN})", param="options")
             return SequenceRequest({}, None)
-        result = self.vm.call(REQUEST_FN, [options])
+        result = self.control.call(REQUEST_FN, [options])
         if not isinstance(result, dict):
             raise LoomError(f"the control program's {REQUEST_FN}() must return a map")
         limit = result.get("token_limit")
@@ -483,36 +430,34 @@ class SequencePolicy:
         return SequenceRequest(result.get("options", {}), limit)
 
 
+def _page_states(executables: Any) -> list[str]:
+    return [spec.name for spec in executables.module.stage_states(STEP_STAGE) if spec.scope == "page"]
+
+
 def create_policy(reg: Any, executables: Any, tokenizer: Any) -> SequencePolicy:
-    """The request policy (the control program's optional `sequence_request`). The registry
-    calls this only for a program that declares `stage consume`; one without it is
-    native-only and served by the plain `StageService` (the runtime tests' `mini`)."""
-    from loomrt.errors import CompileError
+    """The request policy (the control program's optional `sequence_request`)."""
     from loomrt.control import Control
 
-    if not _paged_states(executables):
+    if not _page_states(executables):
         raise CompileError(f"model '{reg.name}': stage '{STEP_STAGE}' keeps no `per page` state, so a sequence "
                            "handle would have nothing to retain (docs/source-contracts.md, sequence)")
     return SequencePolicy(Control(executables.control))
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> SequenceService:
-    from loomrt.state import PAGE_SIZE_CONFIG
+    from loomrt.state import page_size
 
-    page_size = reg.executables.module.config(PAGE_SIZE_CONFIG)
-    paged = _paged_states(reg.executables)
-    step_tokens = reg.executables.module.config(STEP_TOKENS_CONFIG)
+    module = reg.executables.module
+    step_tokens = module.config(STEP_TOKENS_CONFIG)
     if not isinstance(step_tokens, int) or isinstance(step_tokens, bool) or step_tokens < 1:
         step_tokens = STEP_TOKENS
     return SequenceService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
-                           page_size=page_size, context_length=reg.document.context_length,
-                           step_tokens=step_tokens, pages=state[paged[0]].shape[0],
-                           checkpoint_capacity=reg.document.checkpoint_capacity, paged_states=paged, **common)
+                           page_size=page_size(module), context_length=reg.document.context_length,
+                           page_states=_page_states(reg.executables), step_tokens=step_tokens,
+                           checkpoint_capacity=reg.document.checkpoint_capacity, **common)
 
 
-def _paged_states(executables: Any) -> list[str]:
-    return [spec.name for spec in executables.module.stage_states(STEP_STAGE) if spec.scope == "page"]
+KIND = KindSpec("sequence", (STEP_STAGE,), create_policy, create_service, route="sequences")
 
-
-__all__ = ["SERVICE_STAGE", "STEP_STAGE", "STEP_TOKENS", "SequenceAppend", "SequenceCheckpoint", "SequencePolicy",
-           "SequenceRequest", "SequenceService", "Session", "create_policy", "create_service"]
+__all__ = ["KIND", "STEP_STAGE", "STEP_TOKENS", "SequenceAppend", "SequencePolicy", "SequenceRequest",
+           "SequenceService", "Session", "create_policy", "create_service"]

@@ -25,14 +25,16 @@ from typing import Any
 import numpy as np
 
 from loomrt.detokenize import IncrementalDecoder
-from loomrt.errors import Conflict, InvalidRequest, LoomError, NotFound, Unavailable, run_errors
+from loomrt.errors import CompileError, Conflict, InvalidRequest, LoomError, NotFound
 from loomrt.kv import PagePool
-from loomrt.services.base import Job, StageService
+from loomrt.pins import Checkpoint, Pins
 from loomrt.prefixes import PrefixCache
-from loomrt.sessions import ORDERS, Checkpoint, HistoryStore, image_of
+from loomrt.services import KindSpec
+from loomrt.services.base import Job, StageService, StepPlan
+from loomrt.services.packing import TokenRow, pack_rows
+from loomrt.sessions import ORDERS, HistoryStore, image_of
 
 STEP_STAGE = "prefill_decode"
-SERVICE_STAGE = STEP_STAGE
 PUBLISH_FN = "publish"
 PREFILL_CHUNK = 256
 DEFAULT_CREDIT = 64
@@ -149,25 +151,42 @@ class Generation(Job):
         out.update(prompt_tokens=len(self.prompt), completion_tokens=len(self.generated), pages=len(self.pages))
         return out
 
+    def outcome(self) -> dict[str, Any]:
+        out = {"stream": self.outbox.deltas, "prompt_tokens": len(self.prompt),
+               "completion_tokens": len(self.generated), "cached_tokens": self.cached_tokens}
+        if self.finish_reason is not None:
+            out["finish_reason"] = self.finish_reason
+        return out
+
+
+@dataclass(frozen=True)
+class TextRow(TokenRow):
+    """A row of a text step: a prefill chunk or a decode token; `sample` when the step's
+    sampled token is the row's next output (a decode row, or a prompt's last chunk)."""
+
+    sample: bool = False
+
 
 class TextService(StageService):
-    def __init__(self, *args: Any, tokenizer: Any, control_vm: Any, page_size: int, context_length: int,
-                 prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0,
+    """`page_states` are the `per page` states a generation's pages index (the KV cache): the
+    pool sizes from them, and retained histories, prefixes and checkpoints copy only them."""
+
+    def __init__(self, *args: Any, tokenizer: Any, control: Any, page_size: int, context_length: int,
+                 page_states: list[str], prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0,
                  checkpoint_capacity: int = 0, prefix_cache_capacity: int = 0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
         self.tokenizer = tokenizer
-        self.vm = control_vm
+        self.control = control
         self.context_length = context_length
         self.prefill_chunk = prefill_chunk
-        self.has_publish = control_vm is not None and control_vm.has(PUBLISH_FN)
-        state = kwargs["state"] if "state" in kwargs else args[4]
-        pages = next((a.shape[0] for a in state.values()), 0)
-        self.pool = PagePool(pages, page_size)
+        self.has_publish = control is not None and control.has(PUBLISH_FN)
+        paged = {name: self.state[name] for name in page_states}
+        self.pool = PagePool(next(iter(paged.values())).shape[0] if paged else 0, page_size)
         self.pages_per_row = self.pool.pages_for(context_length)
-        super().__init__(*args, **kwargs)
-        self.histories = HistoryStore(self.pool, state, self.max_active or 1, session_cache_capacity)
-        self.prefixes = PrefixCache(self.pool, state, prefix_cache_capacity, stride=max(prefill_chunk, 1))
-        self.checkpoint_capacity = checkpoint_capacity
-        self.checkpoints: dict[str, Checkpoint] = {}
+        self.histories = HistoryStore(self.pool, paged, self.max_active or 1, session_cache_capacity)
+        self.prefixes = PrefixCache(self.pool, paged, prefix_cache_capacity, stride=max(prefill_chunk, 1))
+        self.paged = paged
+        self.pins = Pins(self.model, checkpoint_capacity)
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -187,7 +206,7 @@ class TextService(StageService):
                 raise Conflict(f"session {job.session!r} of model '{self.model}' is in use by another request",
                                param="X-Loom-Session")
             if job.checkpoint is not None:
-                point = self.checkpoints.get(job.checkpoint)
+                point = self.pins.points.get(job.checkpoint)
                 if point is None:
                     raise NotFound(f"model '{self.model}' has no checkpoint {job.checkpoint!r}",
                                    param="X-Loom-Checkpoint")
@@ -198,44 +217,28 @@ class TextService(StageService):
                 job._from = point
             return super().submit(job)
 
-    # ---- named checkpoints ---------------------------------------------------------------------
-
-    def _check_points_enabled(self) -> None:
-        if self.checkpoint_capacity == 0:
-            raise NotFound(f"model '{self.model}' keeps no checkpoints (its checkpoint_capacity is 0)")
+    # ---- named checkpoints (loomrt.pins) --------------------------------------------------------
 
     def pin(self, name: str, session: str) -> Checkpoint:
         """Pin the idle history of `session` as checkpoint `name` (a host image of its KV)."""
         with self._cond:
-            self._check_points_enabled()
+            self.pins.require_enabled()
             if any(j.session == session for j in list(self._active) + list(self._pending)):
                 raise Conflict(f"session {session!r} is busy: pin it once its request finished", param="X-Loom-Session")
             history = next((h for h in self.histories.histories if h.session == session), None)
             if history is None:
                 raise NotFound(f"model '{self.model}' has no retained session {session!r}", param="X-Loom-Session")
-            if name in self.checkpoints:
-                raise Conflict(f"checkpoint {name!r} exists already; delete it first")
-            if len(self.checkpoints) >= self.checkpoint_capacity:
-                raise Unavailable(f"model '{self.model}' keeps at most {self.checkpoint_capacity} checkpoints")
-            point = Checkpoint(name, session, list(history.tokens), image_of(history, self.state),
-                               pending=history.pending)
-            self.checkpoints[name] = point
-            return point
+            self.pins.check_room(name)
+            return self.pins.add(Checkpoint(name, session, len(history.tokens), image_of(history, self.paged),
+                                            tokens=list(history.tokens), pending=history.pending))
 
     def checkpoint(self, name: str) -> Checkpoint:
         with self._cond:
-            self._check_points_enabled()
-            point = self.checkpoints.get(name)
-            if point is None:
-                raise NotFound(f"model '{self.model}' has no checkpoint {name!r}")
-            return point
+            return self.pins.get(name)
 
     def unpin(self, name: str) -> None:
         with self._cond:
-            point = self.checkpoint(name)
-            if any(j._from is point for j in self._pending):
-                raise Conflict(f"checkpoint {name!r} has queued requests continuing from it")
-            del self.checkpoints[name]
+            self.pins.remove(name, (j._from for j in self._pending))
 
     def sessions(self) -> list[dict[str, Any]]:
         with self._cond:
@@ -346,62 +349,45 @@ class TextService(StageService):
             job.outbox.put("error", error)
             job.future.set_exception(error)
 
-    # ---- one step ----------------------------------------------------------------------------
+    # ---- one step: plan -> execute -> apply ---------------------------------------------------
 
-    def _plan(self, jobs: list[Generation]) -> list[tuple[Generation, list[int], int, bool]]:
-        """(generation, tokens to feed, first position, whether to sample) per row of this step."""
-        plan = []
+    def plan(self, jobs: list[Generation]) -> list[StepPlan]:
+        """One packed step: every decoding row's last token, then prompt chunks from the
+        step's prefill budget (ended at the prefix cache's natural boundaries when it keeps
+        any), oldest generation first."""
+        rows: list[TextRow] = []
         for g in jobs:
             if g.prefilled:
-                plan.append((g, [g.generated[-1]], g.kv, True))
+                rows.append(TextRow(g, (g.generated[-1],), g.kv, tuple(g.pages), sample=True))
         budget = max(self.prefill_chunk, 1)
         for g in jobs:
             if not g.prefilled and budget > 0:
                 n = min(len(g.prompt) - g.kv, budget)
-                if self.prefixes.enabled:   # end chunks at natural boundaries, whose state is kept
+                if self.prefixes.enabled:
                     n = min(n, self.prefixes.stride - g.kv % self.prefixes.stride)
                 budget -= n
-                plan.append((g, g.prompt[g.kv:g.kv + n], g.kv, g.kv + n == len(g.prompt)))
-        return plan
+                rows.append(TextRow(g, tuple(g.prompt[g.kv:g.kv + n]), g.kv, tuple(g.pages),
+                                    sample=g.kv + n == len(g.prompt)))
+        if not rows:
+            return []
+        inputs = pack_rows(rows, self.pages_per_row)
+        sampling = [r.job.sampling for r in rows]
+        inputs.update(temperature=np.array([s.temperature for s in sampling], np.float32),
+                      top_p=np.array([s.top_p for s in sampling], np.float32),
+                      top_k=np.array([s.top_k for s in sampling], np.int32),
+                      seed=np.array([r.job.seed for r in rows], np.uint64),
+                      counter=np.array([len(r.job.generated) for r in rows], np.uint64))
+        return [StepPlan(STEP_STAGE, tuple(r.job for r in rows), inputs, tuple(rows))]
 
-    def _run_pass(self, jobs: list[Generation], params: dict[str, Any]) -> None:
-        plan = self._plan(jobs)
-        if not plan:
-            return
-        R, P = len(plan), self.pages_per_row
-        tokens, positions, rows, last = [], [], [], np.zeros(R, np.int32)
-        page_table = np.zeros((R, P), np.int32)
-        temperature, top_p = np.zeros(R, np.float32), np.ones(R, np.float32)
-        top_k, seed, counter = np.zeros(R, np.int32), np.zeros(R, np.uint64), np.zeros(R, np.uint64)
-        for r, (g, feed, start, _) in enumerate(plan):
-            tokens += feed
-            positions += range(start, start + len(feed))
-            rows += [r] * len(feed)
-            last[r] = len(tokens) - 1
-            page_table[r, :len(g.pages)] = g.pages
-            temperature[r], top_p[r], top_k[r] = g.sampling.temperature, g.sampling.top_p, g.sampling.top_k
-            seed[r], counter[r] = g.seed, len(g.generated)
-        inputs = {"tokens": np.asarray(tokens, np.int32), "positions": np.asarray(positions, np.int32),
-                  "rows": np.asarray(rows, np.int32), "page_table": page_table, "last": last,
-                  "temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed, "counter": counter}
-        try:
-            with run_errors():
-                out = self.executables.programs[STEP_STAGE].run(params, self.state, inputs)
-        except LoomError as exc:
-            self._fail_all([p[0] for p in plan], exc)
-            return
-        except Exception as exc:  # a bug below us: fail these rows, keep serving
-            self._fail_all([p[0] for p in plan], LoomError(f"stage '{STEP_STAGE}' failed: {type(exc).__name__}: "
-                                                           f"{exc}"))
-            return
-        self.steps_run += 1
-        for r, (g, feed, _, sample) in enumerate(plan):
+    def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
+        for r, row in enumerate(plan.rows):
+            g = row.job
             prefilling = not g.prefilled
-            g.kv += len(feed)
+            g.kv += len(row.tokens)
             if prefilling and self.prefixes.enabled:
                 self._offer_prefix(g)
-            if sample:
-                self._advance(g, int(out["next"][r]))
+            if row.sample:
+                self._advance(g, int(outputs["next"][r]))
 
     def _advance(self, g: Generation, token: int) -> None:
         g.generated.append(token)
@@ -422,7 +408,7 @@ class TextService(StageService):
         if not self.has_publish:
             content, reasoning, calls = text, "", None
         else:
-            result = self.vm.call(PUBLISH_FN, [g.policy_state, text, final])
+            result = self.control.call(PUBLISH_FN, [g.policy_state, text, final])
             if not isinstance(result, dict) or not isinstance(result.get("content", ""), str):
                 raise LoomError("the control program's publish() must return a map with a string 'content'")
             content = result.get("content", "")
@@ -469,29 +455,28 @@ def _tool_calls(g: Generation, calls: Any) -> list[dict[str, Any]]:
 
 
 def create_policy(reg: Any, executables: Any, tokenizer: Any) -> Any:
-    """The text policy (needs the control program's `chat_request`) and the step stage."""
-    from loomrt.errors import CompileError
-    from loomrt.policy import TextPolicy
+    """The text policy (the control program's `chat_request`) over the deployment's tokenizer."""
     from loomrt.control import Control
+    from loomrt.policy import TextPolicy
 
-    if STEP_STAGE not in executables.programs:
-        raise CompileError(f"model '{reg.name}': a text deployment's control program declares "
-                           f"`stage {STEP_STAGE}` (docs/source-contracts.md)")
     if tokenizer is None:
         raise CompileError(f"model '{reg.name}': a text deployment needs a tokenizer")
     return TextPolicy(Control(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> TextService:
-    from loomrt.state import PAGE_SIZE_CONFIG
+    from loomrt.state import page_size
 
+    module = reg.executables.module
     return TextService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
-                       tokenizer=reg.tokenizer, control_vm=reg.policy.vm,
-                       page_size=reg.executables.module.config(PAGE_SIZE_CONFIG),
+                       tokenizer=reg.tokenizer, control=reg.policy.control, page_size=page_size(module),
+                       page_states=[s.name for s in module.stage_states(STEP_STAGE) if s.scope == "page"],
                        context_length=reg.document.context_length,
                        session_cache_capacity=reg.document.session_cache_capacity,
                        checkpoint_capacity=reg.document.checkpoint_capacity,
                        prefix_cache_capacity=reg.document.prefix_cache_capacity, **common)
 
 
-__all__ = ["Generation", "Outbox", "Sampling", "TextService", "create_policy", "create_service"]
+KIND = KindSpec("text", (STEP_STAGE,), create_policy, create_service, route="chat")
+
+__all__ = ["KIND", "Generation", "Outbox", "Sampling", "TextService", "create_policy", "create_service"]

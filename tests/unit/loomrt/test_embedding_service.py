@@ -72,7 +72,7 @@ def service_and_program():
 
     def make(cohort_tokens=8192):
         svc = EmbeddingService("t", executables, component, FakeResidency(), {}, 64, width=WIDTH,
-                               cohort_tokens=cohort_tokens)
+                               cohort_tokens=cohort_tokens).start()
         services.append(svc)
         return svc
 

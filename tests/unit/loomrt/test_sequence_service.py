@@ -61,8 +61,8 @@ def make_service(*, rows=2, context_length=16, pool_pages=8, step_tokens=4, cred
     residency.load(component)
     state = {"cache": np.zeros((pool_pages, PAGE_SIZE), np.float32)}
     return SequenceService("seq", FakeExecutables(), component, residency, state, pending, max_active=rows,
-                           page_size=PAGE_SIZE, context_length=context_length, step_tokens=step_tokens,
-                           credit=credit)
+                           page_size=PAGE_SIZE, context_length=context_length, page_states=["cache"],
+                           step_tokens=step_tokens, credit=credit).start()
 
 
 def events(job: SequenceAppend) -> list[tuple[str, dict]]:
@@ -172,7 +172,7 @@ def test_a_cancelled_append_invalidates_its_handle_after_the_step_retires(servic
 
 def test_a_fork_continues_from_the_pinned_image_not_the_advanced_handle():
     service = make_service(pool_pages=8)
-    service.checkpoint_capacity = 2
+    service.pins.capacity = 2
     try:
         ids = [5, 6, 7, 8, 9, 10, 11]
         _, whole = run(service, ids)
@@ -199,7 +199,7 @@ def test_checkpoint_errors():
         job, _ = run(service, [1, 2, 3])
         with pytest.raises(NotFound, match="checkpoint_capacity is 0"):
             service.pin("cp", job.handle)
-        service.checkpoint_capacity = 1
+        service.pins.capacity = 1
         with pytest.raises(NotFound):
             service.pin("cp", "0" * 32)
         service.pin("cp", job.handle)
@@ -232,7 +232,7 @@ def test_checkpoint_errors():
 
 def test_a_queued_fork_blocks_deleting_its_checkpoint():
     service = make_service(rows=1)
-    service.checkpoint_capacity = 1
+    service.pins.capacity = 1
     try:
         job, _ = run(service, [1, 2])
         service.pin("cp", job.handle)

@@ -1,0 +1,104 @@
+"""The runtime's request API: one call per kind of inference request, whoever makes it.
+
+loomd's routes frame HTTP and make exactly one of these calls each; an application that
+embeds loomrt makes the same calls and gets the same checks, the same jobs and the same
+`request` events (naming `what`: the route an HTTP request came by). Each call resolves the deployment for its kind (`Registry.serving`: 404 for
+another kind or a native-only program, 503 when it does not admit work), runs the kind's
+control policy (validation, rendering, tokenization: CPU work, so call it from a worker
+thread, as `asyncio.to_thread` does), submits the job and returns it; `job.future` resolves
+with the result, and a streaming job's `outbox` carries its events (on `loop`, when given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from loomrt.errors import InvalidRequest, NotFound
+from loomrt.registry import Registry
+from loomrt.services.decision import Decision, parse_questions
+from loomrt.services.embedding import EmbeddingJob
+from loomrt.services.sequence import SequenceAppend
+from loomrt.services.text import Generation, Outbox
+
+CHAT = "chat completions"
+
+
+def tokenizer(registry: Registry, model: Any) -> Any:
+    """The tokenizer of a compiled deployment (tokenize/detokenize utilities); NotFound without one."""
+    reg = registry.get(model)
+    registry.check_admission(reg, need_service=False)
+    if reg.tokenizer is None:
+        raise NotFound(f"model '{reg.name}' has no tokenizer", param="model")
+    return reg.tokenizer
+
+
+def chat(registry: Registry, model: Any, body: dict[str, Any], *, max_tokens: int | None, stream: bool,
+         session: str | None = None, checkpoint: str | None = None, what: str = CHAT,
+         loop: asyncio.AbstractEventLoop | None = None) -> Generation:
+    """Start a chat generation. `max_tokens` None: the deployment's `limits.max_output_tokens`.
+    A non-streaming reader takes only the outcome: its text deltas are not kept, or they would
+    exhaust the row's output credit and pause the generation with nobody to read them."""
+    reg = registry.serving(model, "text", what)
+    prepared = reg.policy.prepare(body)
+    gen = Generation(prepared.prompt, max_tokens or reg.document.max_output_tokens, prepared.sampling,
+                     prepared.stop_ids, prepared.state, outbox=Outbox(loop=loop, deltas=stream), session=session,
+                     checkpoint=checkpoint)
+    gen.route = what
+    registry.submit(reg.name, gen)
+    return gen
+
+
+def count_chat(registry: Registry, model: Any, body: dict[str, Any], what: str = CHAT) -> int:
+    """The prompt tokens a chat would have, without generating (a bounded CPU utility)."""
+    reg = registry.serving(model, "text", what)
+    registry.admit_utility(reg)
+    try:
+        prepared = reg.policy.prepare(body)
+    finally:
+        registry.release_utility(reg)
+    if len(prepared.prompt) > reg.document.context_length:
+        raise InvalidRequest(f"the input needs {len(prepared.prompt)} tokens, but model '{reg.name}' has a context "
+                             f"of {reg.document.context_length} tokens", param="messages")
+    return len(prepared.prompt)
+
+
+def embed(registry: Registry, model: Any, request: dict[str, Any], what: str = "embeddings") -> EmbeddingJob:
+    """Embed a request's inputs (`{"input": [...], "dimensions"?: n}`, already shaped by the caller)."""
+    reg = registry.serving(model, "embedding", what)
+    job = EmbeddingJob(reg.policy.prepare(request).inputs)
+    job.route = what
+    registry.submit(reg.name, job)
+    return job
+
+
+def decide(registry: Registry, model: Any, body: dict[str, Any], what: str = "decisions") -> tuple[Decision, Any]:
+    """Render a decision request's questions and queue them; returns the job and the policy
+    (whose `answers` turns the job's probabilities into the response)."""
+    reg = registry.serving(model, "decision", what)
+    questions = parse_questions(body, reg.policy.capacity)
+    job = Decision(reg.policy.prepare(body["state"], questions))
+    job.route = what
+    registry.submit(reg.name, job)
+    return job, reg.policy
+
+
+def append(registry: Registry, model: Any, token_ids: list[int], position: int, *, session: str | None,
+           options: dict[str, Any], checkpoint: str | None = None, what: str = "sequences",
+           loop: asyncio.AbstractEventLoop | None = None) -> SequenceAppend:
+    """Append known token ids to a sequence handle (a new one when `session` is None)."""
+    reg = registry.serving(model, "sequence", what)
+    prepared = reg.policy.prepare(options)
+    if prepared.token_limit is not None:
+        for i, t in enumerate(token_ids):
+            if t >= prepared.token_limit:
+                raise InvalidRequest(f"token_ids[{i}]: {t} is not a token id of model '{reg.name}' "
+                                     f"(ids are below {prepared.token_limit})", param=f"token_ids[{i}]")
+    job = SequenceAppend(token_ids, position, session, prepared.options, outbox=Outbox(loop=loop),
+                         checkpoint=checkpoint)
+    job.route = what
+    registry.submit(reg.name, job)
+    return job
+
+
+__all__ = ["append", "chat", "count_chat", "decide", "embed", "tokenizer"]

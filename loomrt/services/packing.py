@@ -1,0 +1,53 @@
+"""One packed step over many rows of a paged KV cache: the inputs every token-stepping kind builds.
+
+    rows:        r0: ids a0 a1 a2 (positions 7..9)   r1: id b0 (position 30)
+    tokens       a0 a1 a2 b0
+    positions    7  8  9  30
+    rows         0  0  0  1
+    last         2  3                      (the index in `tokens` of each row's last id)
+    page_table   [[p, q, -1, ...], [s, t, u, -1, ...]]   (-1: no page)
+
+Text (prefill chunks and decode rows), decisions (whole question prompts) and sequences
+(known-id chunks) all pack their rows with `pack_rows`; each adds its own per-row inputs
+(sampling, answer choices) around it. The arrays depend only on the rows given, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+NO_PAGE = -1
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """One row of a packed step: the job it belongs to, the ids it feeds, the position of the
+    first, and the KV pages holding the row's positions."""
+
+    job: Any
+    tokens: tuple[int, ...]
+    start: int
+    pages: tuple[int, ...]
+
+
+def pack_rows(rows: Sequence[TokenRow], pages_per_row: int | None = None) -> dict[str, np.ndarray]:
+    """`tokens`, `positions`, `rows`, `last` and `page_table` (width `pages_per_row`, else the
+    most pages any row has) of one step."""
+    width = pages_per_row if pages_per_row is not None else max((len(r.pages) for r in rows), default=0)
+    lengths = np.array([len(r.tokens) for r in rows], np.int64)
+    count = int(lengths.sum())
+    tokens = np.fromiter((t for r in rows for t in r.tokens), np.int32, count)
+    positions = np.fromiter((p for r in rows for p in range(r.start, r.start + len(r.tokens))), np.int32, count)
+    page_table = np.full((len(rows), width), NO_PAGE, np.int32)
+    for i, r in enumerate(rows):
+        page_table[i, :len(r.pages)] = r.pages
+    return {"tokens": tokens, "positions": positions,
+            "rows": np.repeat(np.arange(len(rows), dtype=np.int32), lengths),
+            "last": (np.cumsum(lengths) - 1).astype(np.int32), "page_table": page_table}
+
+
+__all__ = ["NO_PAGE", "TokenRow", "pack_rows"]
