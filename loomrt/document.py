@@ -41,7 +41,7 @@ _VARIANTS = ("text", "sequence", "embedding", "decision", "image")
 _TOP: dict[str, tuple[str, ...]] = {
     "model": _ALL, "kind": _ALL, "control": _ALL, "prepare": _ALL, "sources": _ALL, "tokenizer": _ALL,
     "checkpoint": _ALL, "assets": _ALL, "base_directory": _ALL, "admission": _ALL, "device": _ALL,
-    "config": _ALL, "rows": _ROWS, "context_length": _ROWS, "limits": ("text",), "pool_capacity": (*_ROWS, "decision"),
+    "config": _ALL, "rows": (*_ROWS, "recognition"), "context_length": _ROWS, "limits": ("text",), "pool_capacity": (*_ROWS, "decision"),
     "pending_capacity": _ALL, "variant_capacity": _VARIANTS, "checkpoint_capacity": _ROWS,
     "session_cache_capacity": ("text",), "prefix_cache_capacity": ("text",), "components": ("text",),
     "loras": ("image",), "voices": ("speech",), "width": ("image",), "height": ("image",),

@@ -24,14 +24,15 @@ got q4_1[576, 512]`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from loomc.ir import module as ir
-from loomc.lower.prepare import (Cast, Concat, FromCheckpoint, ParamPlan, Prep, PreparePlan, Quantize, Reshape,
-                                 Transpose)
+from loomc.lower.prepare import (Cast, Compute, Concat, Constant, FromCheckpoint, ParamPlan, Prep, PreparePlan,
+                                 Quantize, Reshape, Transpose)
 from loomrt.checkpoints import Checkpoint
-from loomrt.errors import CheckpointError, PrepareError
+from loomrt.errors import CheckpointError, LoomError, PrepareError, run_errors
 from loomc.run.launch import STORAGE
 
 QUANT = ir.QUANT_DTYPES
@@ -137,14 +138,39 @@ def _reshape(v: Value, dims: list[int]) -> Value:
     return Value(v.dtype, np.ascontiguousarray(v.array).reshape(dims))
 
 
+class _Kernels:
+    """The plan's `compute` kernels, compiled for the cpu on first use (numba caches them on disk)."""
+
+    def __init__(self, plan: PreparePlan, cache_dir: Path | None):
+        self.plan, self.cache_dir = plan, cache_dir
+        self._launchers: dict | None = None
+
+    def run(self, key: str, args: list, out: np.ndarray) -> None:
+        from loomc.run.compile import compile_kernels
+
+        if self._launchers is None:
+            with run_errors():
+                self._launchers = compile_kernels(dict(self.plan.kernels), "cpu", self.cache_dir)
+        try:
+            with run_errors():
+                self._launchers[key](*args, out)
+        except LoomError as exc:
+            raise _Failure(f"compute({key.rsplit(':', 1)[-1]}): {exc.message}") from None
+
+
 class _Member:
     """Evaluates one param member's preparation (the plan's `Prep` tree) on the checkpoint."""
 
-    def __init__(self, param: ParamPlan, checkpoint: Checkpoint, index: int | None):
-        self.param, self.checkpoint, self.index = param, checkpoint, index
+    def __init__(self, param: ParamPlan, checkpoint: Checkpoint, index: int | None, kernels: _Kernels):
+        self.param, self.checkpoint, self.index, self.kernels = param, checkpoint, index, kernels
         self.names: list[str] = []
 
     def eval(self, e: Prep) -> Value:
+        if isinstance(e, Compute):
+            args = [a.value if isinstance(a, Constant) else self.eval(a).array for a in e.args]
+            out = np.zeros(self.param.dims, STORAGE[self.param.dtype])
+            self.kernels.run(e.kernel, args, out)
+            return Value(self.param.dtype, out)
         if isinstance(e, FromCheckpoint):
             name = e.name
             if self.param.family_var is not None:
@@ -174,19 +200,22 @@ class _Member:
         raise _Failure(f"unknown preparation {type(e).__name__}")
 
 
-def prepare_params(plan: PreparePlan, checkpoint: Checkpoint) -> dict[str, np.ndarray | list[np.ndarray]]:
-    """Run every param of a component's plan against `checkpoint`; the result binds as `run(params=...)`."""
+def prepare_params(plan: PreparePlan, checkpoint: Checkpoint | None,
+                   cache_dir: Path | None = None) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """Run every param of a component's plan against `checkpoint` (None when every param is
+    computed); the result binds as `run(params=...)`. `compute` kernels compile under `cache_dir`."""
+    kernels = _Kernels(plan, cache_dir)
     out: dict[str, np.ndarray | list[np.ndarray]] = {}
     for param in plan.params:
         if param.family is None:
-            out[param.name] = _prepare_one(param, checkpoint, None)
+            out[param.name] = _prepare_one(param, checkpoint, None, kernels)
         else:
-            out[param.name] = [_prepare_one(param, checkpoint, i) for i in range(*param.family)]
+            out[param.name] = [_prepare_one(param, checkpoint, i, kernels) for i in range(*param.family)]
     return out
 
 
-def _prepare_one(param: ParamPlan, checkpoint: Checkpoint, index: int | None) -> np.ndarray:
-    member = _Member(param, checkpoint, index)
+def _prepare_one(param: ParamPlan, checkpoint: Checkpoint, index: int | None, kernels: _Kernels) -> np.ndarray:
+    member = _Member(param, checkpoint, index, kernels)
 
     def where() -> str:
         at = f"[{index}]" if index is not None else ""

@@ -290,11 +290,13 @@ class Registry:
         if not plan.params:
             return {}
         checkpoint = doc.checkpoint if component == "primary" else doc.image.checkpoint
+        if not plan.reads_checkpoint:
+            return prepare_params(plan, None, self.cache_dir)
         if checkpoint is None:
             raise PrepareError(f"model '{doc.model}' declares params but its document names no checkpoint",
                                param="checkpoint")
         with open_checkpoint(code_path(checkpoint)) as ckpt:
-            return prepare_params(plan, ckpt)
+            return prepare_params(plan, ckpt, self.cache_dir)
 
     def _prepare_service(self, reg: Registration) -> None:
         self._set_phase(reg, "preparing")

@@ -53,7 +53,7 @@ def check_param(core: Core, info: ModuleInfo, p: ast.Param) -> None:
             core.tensor_type(info, p.type, None)
         except ConstError:
             pass
-    PrepareChecker(core, info, family_var).tensor(p.value)
+    PrepareChecker(core, info, family_var).param_value(p)
 
 
 def check_state(core: Core, info: ModuleInfo, s: ast.State) -> None:
@@ -81,11 +81,60 @@ class PrepareChecker:
     def error(self, span: ast.Span, message: str, code: str = "L0604") -> None:
         self.core.error(self.info, span, code, message)
 
+    def param_value(self, p: ast.Param) -> None:
+        e = p.value
+        if isinstance(e, ast.Call) and isinstance(e.callee, ast.Name) and e.callee.name == "compute":
+            self.compute(e)
+        else:
+            self.tensor(e)
+
+    def compute(self, e: ast.Call) -> None:
+        """compute(KERNEL, args...): the param is the kernel's one `out` tensor, its last argument,
+        run once at preparation on `args` (prepared tensors, or constant scalars)."""
+        if not e.args or not isinstance(e.args[0], ast.Name):
+            self.error(e.span, "compute takes a kernel name, then that kernel's arguments but its last")
+            return
+        sym = self.core.lookup(self.info, e.args[0].name)
+        if sym is None or not isinstance(sym.item, ast.Kernel):
+            self.error(e.args[0].span, f"compute needs a kernel; '{e.args[0].name}' is "
+                                       f"{'not declared' if sym is None else 'not a kernel'}",
+                       code="L0200" if sym is None else "L0604")
+            return
+        kernel = sym.item
+        params = kernel.args
+        if not params or params[-1].mode not in ("out", "inout") or not isinstance(params[-1].type, ast.TensorTypeRef):
+            self.error(e.args[0].span, f"kernel '{kernel.name}' must end with the `out` tensor compute fills")
+            return
+        given = e.args[1:]
+        if len(given) != len(params) - 1:
+            self.error(e.span, f"kernel '{kernel.name}' takes {len(params) - 1} argument(s) before its output, "
+                               f"got {len(given)}", code="L0302")
+            return
+        for arg, decl in zip(given, params):
+            if isinstance(decl.type, ast.TensorTypeRef):
+                self.tensor(arg)
+                continue
+            try:
+                value, t = self.core.const_eval(self.info, arg)
+            except ConstError:
+                self.error(arg.span, f"'{decl.name}' of '{kernel.name}' is a scalar: pass a constant")
+                continue
+            if isinstance(t, T.Untyped):
+                ok = t.kind == "int" or decl.type.name in T.FLOAT_TYPES
+            else:
+                ok = isinstance(t, T.Scalar) and t.name == decl.type.name
+            if not ok:
+                self.error(arg.span, f"'{decl.name}' of '{kernel.name}' is {decl.type.name}, got {t}", code="L0300")
+
     def tensor(self, e: ast.Expr) -> None:
         if not isinstance(e, ast.Call) or not isinstance(e.callee, ast.Name):
-            self.error(e.span, "a param is prepared by checkpoint(...), transpose, cast, concat, reshape or quantize")
+            self.error(e.span, "a param is prepared by checkpoint(...), transpose, cast, concat, reshape, quantize "
+                               "or compute")
             return
         name, args = e.callee.name, e.args
+        if name == "compute":
+            self.error(e.span, "compute(...) makes a whole param: it cannot be nested in another preparation")
+            return
         if name not in PREPARE_FUNCTIONS:
             self.error(e.callee.span, f"unknown preparation '{name}'",
                        code="L0200" if self.core.lookup(self.info, name) is None else "L0604")

@@ -21,6 +21,8 @@ KERNEL_MATH: dict[str, tuple[str, int]] = {
 # signature syntax so shapes are checked exactly like calls to `.loom` kernels.
 COMMAND_MOTIFS_SOURCE = """
 stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
+stage matmul_f16(a: f32[M, K], b: f16[N, K], out c: f32[M, N])
+stage bmm(a: f32[G, M, K], b: f32[G, N, K], out c: f32[G, M, N])
 """
 
 # Control host functions: name -> (parameter types, result type). "any" accepts every value.
@@ -61,7 +63,7 @@ CONTROL_HOST: dict[str, tuple[tuple[str, ...], str]] = {
 CONTROL_CONVERSIONS = ("int", "float", "str", "bool")
 
 # Weight-preparation functions allowed in `param` initialisers.
-PREPARE_FUNCTIONS = ("checkpoint", "transpose", "cast", "concat", "reshape", "quantize")
+PREPARE_FUNCTIONS = ("checkpoint", "transpose", "cast", "concat", "reshape", "quantize", "compute")
 
 # Host dimension in front of each state scope. The angle brackets keep it apart from any
 # name a program can write, so it never unifies with an unrelated per-call symbol.

@@ -54,7 +54,7 @@ Operand = TensorRef | ir.Expr
 
 @dataclass(frozen=True)
 class Dispatch:
-    kind: str  # "kernel" | "matmul"
+    kind: str  # "kernel" | "motif" (a compiler intrinsic: matmul, matmul_f16, bmm)
     callee: str  # key into CommandPlan.kernels, or the motif name
     operands: tuple[Operand, ...]
     source: ir.Source  # the call site
@@ -254,7 +254,7 @@ class Specializer:
             motif = motif_decls()[name]
             sig = signature(self.core, motif_module(), motif.args, "motif")
             operands = self.operands(frame, e.args, sig)
-            self.dispatches.append(Dispatch("matmul", name, operands, source))
+            self.dispatches.append(Dispatch("motif", name, operands, source))
             return
         item = sym.item
         if isinstance(item, ast.Kernel):

@@ -1,29 +1,37 @@
-"""The `matmul` motif on the cpu target: the compiler's own f32 GEMM, batch-invariant by construction.
+"""The matmul motifs on the cpu target: the compiler's own GEMM, batch-invariant by construction.
 
-    c[m, n] = fma(a[m, K-1], b[n, K-1], ... fma(a[m, 1], b[n, 1], fma(a[m, 0], b[n, 0], +0.0)))
+    matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
+    matmul_f16(a: f32[M, K], b: f16[N, K], out c: f32[M, N])       f16 weights, widened exactly
+    bmm(a: f32[G, M, K], b: f32[G, N, K], out c: f32[G, M, N])     G independent products
+
+    c[g, m, n] = fma(a[g, m, K-1], b[g, n, K-1], ... fma(a[g, m, 0], b[g, n, 0], +0.0))
 
 Every element of `c` is that one chain: a single accumulator, k in increasing order, one
 rounding per step (fma). Nothing about the call changes it: not the other rows of `a`
 (their number, order or padding), not the thread count, not the CPU's vector width. BLAS
 gives no such promise (OpenBLAS picks micro-kernels and edge paths by shape and row
-position, so a row's bits depended on its neighbours on AVX2 machines), which is why this
-motif no longer calls it.
+position, so a row's bits depended on its neighbours on AVX2 machines), which is why these
+motifs never call it. An f16 weight widens to f32 exactly, so `matmul_f16` computes the
+chain `matmul` would on the widened weights, from half the bytes.
 
 How it runs (register blocking the way BLAS micro-kernels do, but never splitting k):
 
-    pack:   ap[p, k, i] = a[16 p + i, k]          (zero past M)      16 rows = one panel
-    tiles:  parallel over (n block of 6 rows of b) x (panel p)
-            acc_j <16 x f32> += ap[p, k, :] * splat(b[n0 + j, k])   for k in 0..K, j < 6
-            c[16 p + i, n0 + j] = acc_j[i]
+    pack:   ap[g, p, k, i] = a[g, 16 p + i, k]   (zero past M)       16 rows = one panel
+    tiles:  parallel over (g, block of 6 rows of b); in each, every panel p in turn:
+            acc_j <16 x f32> += ap[g, p, k, :] * splat(b[g, n0 + j, k])   for k in 0..K, j < 6
+            c[g, 16 p + i, n0 + j] = acc_j[i]
 
 The tile body is LLVM IR emitted by `_lm_gemm_tile` (a numba intrinsic): six vector
 accumulators live in registers across the whole k loop; on AVX-512 each is one zmm, on
 AVX2 two ymm (LLVM legalizes the <16 x float>), and a machine without FMA gets the
-correctly rounded library fma, so every target computes the same bits. Rows of `b` past
-N are never read: the last partial block of rows is copied into a zero-padded buffer.
-A panel's lanes past M compute on zeros and are not stored.
+correctly rounded library fma, so every target computes the same bits. A block of `b`'s
+rows is read in place when it is whole f32, else copied once per block into an f32 buffer
+(the last partial block, zero-padded; f16 rows, widened) that all its panels read. A
+panel's lanes past M compute on zeros and are not stored.
 
-The module is generated text (like every kernel, `STYLE.md` §14) so numba caches it on disk.
+Each motif is one generated module (like every kernel, `STYLE.md` §14) so numba caches it
+on disk; the dispatcher takes (a, b, c, workspace) with the group dimension in front (1
+for the unbatched motifs) and f16 weights as their uint16 bits.
 """
 
 from __future__ import annotations
@@ -35,12 +43,14 @@ from loomc import LOOMC_VERSION
 PANEL_ROWS = 16  # rows of `a` per packed panel: the vector width of the tile
 TILE_COLS = 6  # rows of `b` (columns of `c`) per tile: six accumulators
 UNROLL = 4  # steps of k per iteration of the tile loop
-FUNCTION = "k_matmul_f32"
+
+# The motifs this module serves: name -> (dtype of b, batched). Each is one generated module.
+MOTIFS = {"matmul": ("f32", False), "matmul_f16": ("f16", False), "bmm": ("f32", True)}
 
 
-def workspace_elems(m: int, k: int) -> int:
-    """f32 elements of the packed copy of `a` that one call needs."""
-    return -(-m // PANEL_ROWS) * PANEL_ROWS * k
+def workspace_elems(groups: int, m: int, k: int) -> int:
+    """f32 elements of the packed copy of `a` that one call needs (every group's panels)."""
+    return groups * -(-m // PANEL_ROWS) * PANEL_ROWS * k
 
 
 _TILE = '''
@@ -126,62 +136,90 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t):
 _DRIVER = '''
 @njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
 def FUNCTION(a, b, c, ap):
-    # c = a . b^T (a: [M, K], b: [N, K], c: [M, N]); ap: the packed panels of a
-    M, K = a.shape
-    N = b.shape[0]
+    # c[g] = a[g] . b[g]^T  (a: [G, M, K], b: [G, N, K] (f16: its uint16 bits), c: [G, M, N]);
+    # ap: the packed panels of a, panel p of group g at (g * panels + p) * K * MR
+    G, M, K = a.shape
+    N = b.shape[1]
     panels = (M + MR - 1) // MR
-    for p in prange(panels):
+    for gp in prange(G * panels):
+        g = gp // panels
+        p = gp - g * panels
+        base = gp * K * MR
         for i in range(MR):
             m = p * MR + i
-            for k in range(K):
-                ap[(p * K + k) * MR + i] = a[m, k] if m < M else np.float32(0.0)
+            if m < M:
+                for k in range(K):
+                    ap[base + k * MR + i] = a[g, m, k]
+            else:
+                for k in range(K):
+                    ap[base + k * MR + i] = np.float32(0.0)
     blocks = (N + NR - 1) // NR
     b_flat = b.reshape(-1)
-    for job in prange(blocks * panels):
-        block = job // panels
-        p = job - block * panels
-        n0 = block * NR
+    for gb in prange(G * blocks):
+        g = gb // blocks
+        n0 = (gb - g * blocks) * NR
         cols = min(NR, N - n0)
-        rows = min(MR, M - p * MR)
+        ROWS_OF_B
         t = carray(_lm_alloca(NR * MR, np.float32), (NR * MR,))
-        for i in range(NR * MR):
-            t[i] = np.float32(0.0)
-        if cols == NR:
-            _lm_gemm_tile(ap, p * K * MR, b_flat, n0 * K, K, K, t)
-        else:
-            pad = np.zeros(NR * K, np.float32)
-            for j in range(cols):
-                for k in range(K):
-                    pad[j * K + k] = b[n0 + j, k]
-            _lm_gemm_tile(ap, p * K * MR, pad, 0, K, K, t)
-        for i in range(rows):
-            for j in range(cols):
-                c[p * MR + i, n0 + j] = t[j * MR + i]
+        for p in range(panels):
+            for i in range(NR * MR):
+                t[i] = np.float32(0.0)
+            _lm_gemm_tile(ap, (g * panels + p) * K * MR, src, off, K, K, t)
+            for i in range(min(MR, M - p * MR)):
+                for j in range(cols):
+                    c[g, p * MR + i, n0 + j] = t[j * MR + i]
 '''
 
+# How a block of NR rows of b reaches the tile: f32 rows in place (a copy, zero-padded, only
+# for the last partial block); f16 rows widened (exactly) into an f32 copy once per block,
+# which every panel of the block then reads.
+_ROWS_OF_B = {
+    "f32": '''if cols == NR:
+            src = b_flat
+            off = (g * N + n0) * K
+        else:
+            src = np.zeros(NR * K, np.float32)
+            off = 0
+            for j in range(cols):
+                for k in range(K):
+                    src[j * K + k] = b[g, n0 + j, k]''',
+    "f16": '''src = np.zeros(NR * K, np.float32)
+        off = 0
+        for j in range(cols):
+            for k in range(K):
+                src[j * K + k] = _lm_f16_from_bits(b[g, n0 + j, k])''',
+}
 
-def render_module() -> str:
-    """The generated numba module of the motif, written to the kernel cache like every kernel."""
+
+def function_name(motif: str) -> str:
+    return f"k_{motif}"
+
+
+def render_module(motif: str = "matmul") -> str:
+    """The generated numba module of one motif, written to the kernel cache like every kernel."""
     import numba
 
     from loomc.lower.numba_helpers import IMPORTS, helpers_for
 
+    b_dtype, batched = MOTIFS[motif]
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
-              f"# motif matmul: c[m, n] = fma chain over k of a[m, k] * b[n, k] "
-              f"(loomc/lower/matmul.py), tile {PANEL_ROWS} x {TILE_COLS}\n")
+              f"# motif {motif}: c[g, m, n] = fma chain over k of a[g, m, k] * b[g, n, k] "
+              f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tile {PANEL_ROWS} x {TILE_COLS}\n")
     constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\n"
-    driver = _DRIVER.replace("FUNCTION", FUNCTION).replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
+    driver = _DRIVER.replace("FUNCTION", function_name(motif)).replace("ROWS_OF_B", _ROWS_OF_B[b_dtype])
+    driver = driver.replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
     helpers = "".join(h + "\n\n" for h in helpers_for(driver))
     return header + IMPORTS + "\n" + constants + "\n" + helpers + _TILE + "\n" + driver
 
 
-def load_function(cache_dir: Path | None = None):
-    """The compiled (lazily, then cached on disk) numba dispatcher of the motif."""
+def load_function(motif: str = "matmul", cache_dir: Path | None = None):
+    """The compiled (lazily, then cached on disk) numba dispatcher of `motif`: it takes
+    (a, b, c, workspace) with a group dimension in front (1 for the unbatched motifs)."""
     from loomc.files import write_atomically
     from loomc.lower.numba import load_module, module_path
 
-    text = render_module()
+    text = render_module(motif)
     path = module_path(text, cache_dir)
     if not path.exists():
         write_atomically(path, text, parents=True)
-    return getattr(load_module(path), FUNCTION)
+    return getattr(load_module(path), function_name(motif))

@@ -46,10 +46,11 @@ def compile_kernels(groups: dict[str, ir.KernelGroup], target: str = "cpu",
 def build_program(plan: CommandPlan, target: str = "cpu", cache_dir: Path | None = None) -> CommandProgram:
     """The runnable program of a specialized command on `target`."""
     launchers: dict[str, Any] = dict(compile_kernels(plan.kernels, target, cache_dir))
-    if any(d.kind == "matmul" for d in plan.dispatches):
+    motifs = {d.callee for d in plan.dispatches if d.kind == "motif"}
+    if motifs:
         from loomc.lower.matmul import load_function
 
-        launchers["matmul"] = load_function(cache_dir)
+        launchers.update({name: load_function(name, cache_dir) for name in sorted(motifs)})
     return CommandProgram(plan, launchers, target)
 
 

@@ -39,6 +39,11 @@ MAX_SHAPE_PLANS = 8
 
 
 
+def _groups_rows_depth(shape) -> tuple[int, int, int]:
+    """(groups, rows, depth) of a motif's `a`: [M, K] is one group, [G, M, K] G groups."""
+    return (1, *shape) if len(shape) == 2 else tuple(shape)
+
+
 def dim_value(d: Dim, env: Mapping[str, int]) -> int:
     value = d.substitute({name: Dim.const(v) for name, v in env.items()}).constant
     if value is None:
@@ -126,11 +131,11 @@ class ShapePlan:
             placed.append((offset, size, first, last))
             offsets[s.name] = offset
         scratch_end = max((o + n for o, n, _, _ in placed), default=0)
-        # The matmul motif's packed copy of `a`: live only inside one matmul dispatch, so
-        # every matmul of the plan shares one region past the scratch.
-        workspace = 4 * max((matmul.workspace_elems(dim_value(d.operands[0].dims[0], self.env),
-                                                    dim_value(d.operands[0].dims[1], self.env))
-                             for d in plan.dispatches if d.kind == "matmul"), default=0)
+        # A matmul motif's packed copy of `a`: live only inside one motif dispatch, so every
+        # motif dispatch of the plan shares one region past the scratch.
+        workspace = 4 * max((matmul.workspace_elems(*_groups_rows_depth([dim_value(x, self.env)
+                                                                         for x in d.operands[0].dims]))
+                             for d in plan.dispatches if d.kind == "motif"), default=0)
         self.arena_bytes = scratch_end
         arena = bound.arena(scratch_end + workspace + ARENA_ALIGN)
         base = (-arena.ctypes.data) % ARENA_ALIGN
@@ -176,14 +181,17 @@ class ShapePlan:
 
     def build_all(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch, scalars) -> list[tuple]:
         values = self.operand_values(bound, dispatch, scalars)
-        if dispatch.kind == "matmul":
+        if dispatch.kind == "motif":
             a, b, c = values
-            m, k = a.shape
-            n = b.shape[0]
-            if b.shape != (n, k) or c.shape != (m, n):
-                raise DispatchError(f"matmul at {dispatch.source.path}:{dispatch.source.line}: a {a.shape}, "
+            g, m, k = _groups_rows_depth(a.shape)
+            n = b.shape[-2]
+            if b.shape[-1] != k or b.shape[:-2] != a.shape[:-2] or c.shape != a.shape[:-2] + (m, n):
+                raise DispatchError(f"{dispatch.callee} at {dispatch.source.path}:{dispatch.source.line}: a {a.shape}, "
                                     f"b {b.shape}, c {c.shape} do not make c = a . b^T")
-            return [(program.launchers["matmul"], (a, b, c, self.workspace))]
+            if b.dtype == np.float16:
+                b = b.view(np.uint16)  # f16 weights reach the motif as their bits
+            return [(program.launchers[dispatch.callee], (a.reshape(g, m, k), b.reshape(g, n, k),
+                                                          c.reshape(g, m, n), self.workspace))]
         launcher: KernelLauncher = program.launchers[dispatch.callee]
         args = launcher.bind(*values)
         return [(f, args) for f in launcher.functions]
@@ -222,7 +230,7 @@ class CommandProgram:
         return total
 
     def parts(self, dispatch: Dispatch) -> int:
-        return 1 if dispatch.kind == "matmul" else len(self.launchers[dispatch.callee].functions)
+        return 1 if dispatch.kind == "motif" else len(self.launchers[dispatch.callee].functions)
 
     # ---- binding ------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ from loomd_process import REPO, Daemon
 
 README = REPO / "README.md"
 README_URL = "http://127.0.0.1:8080"
-BUNDLED = ["scout", "vectors", "judge", "encoder"]
-READY_DEADLINE_S = 600.0   # four samples compile and prepare; a hang guard
+BUNDLED = ["scout", "vectors", "judge", "encoder", "recognizer"]
+READY_DEADLINE_S = 600.0   # five samples compile and prepare; a hang guard
 
 
 def readme_chat_example() -> str:

@@ -50,6 +50,29 @@ def test_each_element_is_the_exact_fma_chain(product, rng, m, k, n):
     np.testing.assert_array_equal(product(a, b), fma_chain(a, b))
 
 
+@pytest.fixture(scope="module")
+def programs():
+    checked = load_files([FIXTURE])
+    assert checked.ok, checked.diagnostics
+    return {name: compile_command(checked, name) for name in ("product_f16", "batched")}
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (5, 33, 7), (17, 64, 13)])
+def test_f16_weights_give_the_chain_of_their_exact_f32_values(programs, rng, m, k, n):
+    a, b = rand(rng, m, k), rand(rng, n, k).astype(np.float16)
+    got = programs["product_f16"].run({}, {}, {"a": a, "b": b})["c"]
+    np.testing.assert_array_equal(got, fma_chain(a, b.astype(np.float32)))
+
+
+def test_batched_products_are_each_the_chain_and_independent(programs, rng):
+    a, b = rand(rng, 3, 9, 21), rand(rng, 3, 8, 21)
+    got = programs["batched"].run({}, {}, {"a": a, "b": b})["c"]
+    for g in range(3):
+        np.testing.assert_array_equal(got[g], fma_chain(a[g], b[g]))
+    alone = programs["batched"].run({}, {}, {"a": a[1:2].copy(), "b": b[1:2].copy()})["c"]
+    np.testing.assert_array_equal(alone[0], got[1])
+
+
 def test_cancellation_and_tiny_values_follow_the_chain(product, rng):
     """Terms that cancel, and products in the subnormal range, where another order would differ."""
     a = np.array([[1e30, 1.0, -1e30, 3.0, 1e-30], [1e-20, 1e-20, 1e-20, 1e-20, 1e-20]], np.float32)

@@ -150,7 +150,7 @@ def test_field_errors(fields, message):
     ("image", {"loras": {"": "x.safetensors"}}, 'loras.: an id must be 1-64 visible ASCII characters, got ""'),
     ("image", {"loras": {"ink": 3}}, "loras.ink: expected string, got 3"),
     ("speech", {"voices": ["alloy"]}, "voices: expected object, got array"),
-    ("embedding", {"rows": 4}, "rows: not used by kind 'embedding' (used by text, sequence)"),
+    ("embedding", {"rows": 4}, "rows: not used by kind 'embedding' (used by text, sequence, recognition)"),
     ("sequence", {"limits": {}}, "limits: not used by kind 'sequence' (used by text)"),
     ("speech", {"variant_capacity": 1}, "variant_capacity: not used by kind 'speech' "
                                         "(used by text, sequence, embedding, decision, image)"),

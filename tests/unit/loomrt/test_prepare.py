@@ -1,5 +1,6 @@
 """loomrt/prepare.py: param declarations run against a checkpoint, into what command programs bind."""
 
+import dataclasses
 from pathlib import Path
 
 import gguf
@@ -312,3 +313,35 @@ def test_tiny_document_prepares_from_gguf(tmp_path, tiny_program, tiny_weights):
     assert isinstance(params["wq"][0].base, np.memmap) and params["wq"][0].flags.writeable
     np.testing.assert_array_equal(params["wv"][1], direct["wv"][1])
     np.testing.assert_array_equal(tiny_step(program, params)["logits"], tiny_step(program, direct)["logits"])
+
+
+def test_compute_runs_a_kernel_once_at_preparation(tmp_path):
+    """A param made by a kernel: from nothing (no checkpoint needed) or from prepared tensors."""
+    (tmp_path / "p.loom").write_text('''config n: i64 = 8
+
+kernel hann(out w: f32[N]) {
+    parallel for i in 0..N {
+        w[i] = 0.5 - 0.5 * cos(6.283185307179586 * f32(i) / f32(N))
+    }
+}
+
+kernel scaled(x: f32[N], s: f32, out y: f32[N]) {
+    parallel for i in 0..N {
+        y[i] = x[i] * s
+    }
+}
+
+param window: f32[n] = compute(hann)
+param twice: f32[n] = compute(scaled, cast(checkpoint("w"), f32), 2.0)
+''')
+    checked = load_files([tmp_path / "p.loom"])
+    assert checked.ok, checked.diagnostics
+    plan = prepare_plan(checked)
+    assert plan.reads_checkpoint and len(plan.kernels) == 2
+    save_file({"w": np.arange(8, dtype=np.float16)}, str(tmp_path / "w.safetensors"))
+    params = prepare_params(plan, open_checkpoint(tmp_path / "w.safetensors"))
+    np.testing.assert_allclose(params["window"], np.hanning(9)[:8], atol=1e-6)   # periodic Hann
+    np.testing.assert_array_equal(params["twice"], np.arange(8, dtype=np.float32) * 2)
+    only_window = dataclasses.replace(plan, params=plan.params[:1])
+    assert not only_window.reads_checkpoint
+    np.testing.assert_array_equal(prepare_params(only_window, None)["window"], params["window"])
