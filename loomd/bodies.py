@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from loomd.framing import read_body
-from loomd.multipart import parse_multipart
+from loomd.multipart import Part, parse_multipart
 from loomrt.errors import InvalidRequest
 from loomrt.fields import U64_LIMIT, decode_object
 from loomrt.package import PackageFiles, validate_member_name
@@ -51,6 +51,14 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     return decode_object(raw, "request body", U64_LIMIT)
 
 
+async def form_parts(request: web.Request) -> list[Part]:
+    """The parts of a multipart/form-data request, in order (the bounded body, parsed once)."""
+    raw = await read_body(request, _limit(request))
+    if request.content_type != "multipart/form-data":
+        raise InvalidRequest(f"expected Content-Type multipart/form-data, got {request.content_type!r}")
+    return parse_multipart(raw, request.headers.get("Content-Type", ""))
+
+
 async def json_or_package(request: web.Request) -> Upload:
     """The JSON of a register/staging request, with its uploaded package if multipart."""
     raw = await read_body(request, _limit(request))
@@ -82,4 +90,4 @@ async def json_or_package(request: web.Request) -> Upload:
     return Upload(decode_object(requests[0].data, "request part"), requests[0].data, PackageFiles(files), origin)
 
 
-__all__ = ["DEFAULT_REQUEST_FILENAME", "Upload", "empty_body", "json_body", "json_or_package"]
+__all__ = ["DEFAULT_REQUEST_FILENAME", "Upload", "empty_body", "form_parts", "json_body", "json_or_package"]

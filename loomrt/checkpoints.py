@@ -115,10 +115,12 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            head = f.read(8)
+            head = f.read(4)    # a GGUF is known by 4 bytes: read no more before deciding
+            if head != GGUF_MAGIC:
+                head += f.read(4)
     except OSError as exc:
         raise CheckpointError(f"cannot open checkpoint {path}: {exc.strerror or exc}") from None
-    if head[:4] == GGUF_MAGIC:
+    if head == GGUF_MAGIC:
         from loomrt.checkpoint_gguf import GgufCheckpoint
         return GgufCheckpoint(path)
     from loomrt.checkpoint_ct2 import Ct2Checkpoint, looks_like_ct2

@@ -64,6 +64,7 @@ MAX_CHECKPOINT_CAPACITY = 4096
 MAX_SESSION_CACHE_CAPACITY = 65_536
 MIN_IMAGE_SIDE, MAX_IMAGE_SIDE, IMAGE_SIDE_STEP = 64, 4096, 8
 DEFAULT_ROWS = 8
+DEFAULT_RECOGNITION_ROWS = 4   # a row holds a window's encoder output (24 MB for Whisper tiny)
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_PENDING_CAPACITY = 64
 DEFAULT_CHECKPOINT_CAPACITY = 0
@@ -297,6 +298,8 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
                                           DEFAULT_CHECKPOINT_CAPACITY)
     if kind in _ROWS:
         _rows_fields(doc, kind, out)
+    elif kind == "recognition":    # windows decoded at once, each with its encoding in per-row state
+        out["rows"] = _integer("rows", doc["rows"], 1, MAX_ROWS) if "rows" in doc else DEFAULT_RECOGNITION_ROWS
     elif "pool_capacity" in doc:   # a decision deployment's KV pool (its passes have no rows)
         out["pool_capacity"] = _integer("pool_capacity", doc["pool_capacity"], 1, MAX_POOL_CAPACITY)
     if kind == "text":

@@ -15,13 +15,28 @@ import asyncio
 from typing import Any
 
 from loomrt.errors import InvalidRequest, NotFound
+from loomrt.media.audio import decode_recording
 from loomrt.registry import Registry
 from loomrt.services.decision import Decision, parse_questions
 from loomrt.services.embedding import EmbeddingJob
+from loomrt.services.recognition import Transcription
 from loomrt.services.sequence import SequenceAppend
 from loomrt.services.text import Generation, Outbox
 
 CHAT = "chat completions"
+
+
+def transcribe(registry: Registry, model: Any, data: bytes, media_type: str | None, params: dict[str, str],
+               options: dict[str, Any], what: str = "transcriptions") -> Transcription:
+    """Transcribe a finished recording: the policy checks the options, the recording is decoded
+    to the source's geometry (its frame limit enforced as frames arrive), then it is queued."""
+    reg = registry.serving(model, "recognition", what)
+    prepared = reg.policy.prepare(options)
+    samples = decode_recording(data, media_type, params, reg.policy.geometry)
+    job = Transcription(samples, prepared, reg.policy.window_samples)
+    job.route = what
+    registry.submit(reg.name, job)
+    return job
 
 
 def tokenizer(registry: Registry, model: Any) -> Any:
@@ -101,4 +116,4 @@ def append(registry: Registry, model: Any, token_ids: list[int], position: int, 
     return job
 
 
-__all__ = ["append", "chat", "count_chat", "decide", "embed", "tokenizer"]
+__all__ = ["append", "chat", "count_chat", "decide", "embed", "tokenizer", "transcribe"]

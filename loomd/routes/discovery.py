@@ -9,6 +9,7 @@ from aiohttp import web
 
 from loomd.app import REGISTRY, SETTINGS
 from loomd.errors import error_response, json_response
+from loomrt.media.audio import container_formats
 from loomrt.registry import Registration
 
 #: The HTTP inference route and modalities of each kind: HTTP knowledge, so it lives here.
@@ -37,6 +38,10 @@ def model_object(reg: Registration) -> dict[str, Any]:
     if doc.kind == "text":
         loom["context_length"] = doc.context_length
         loom["limits"] = {"max_output_tokens": doc.max_output_tokens}
+    if doc.kind == "recognition" and reg.policy is not None:
+        geometry = reg.policy.geometry
+        loom["input_formats"] = container_formats() + ["pcm"]
+        loom["input"] = {"sample_rate": geometry.rate, "channels": geometry.channels, "max_frames": geometry.max_frames}
     if reg.variants is not None:
         loom["variants"] = reg.variants.summary()
     return {"id": reg.name, "object": "model", "created": int(reg.created), "owned_by": "local",

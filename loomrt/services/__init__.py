@@ -7,7 +7,7 @@ retains. Registration looks the kind up in `KINDS` and nowhere else. A deploymen
 program does not declare every stage of its kind is *native-only* (the spec's term): it
 registers and serves stage jobs through the Python API on the plain `StageService`, has no
 HTTP endpoint of its kind, and HTTP inference requests to it are 404. A kind without a
-module here (image, speech and recognition, until they land) is native-only too.
+module here (image and speech, until they land) is native-only too.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class KindSpec:
         return all(stage in stages for stage in self.stages)
 
 
-_MODULES = {"text": "text", "embedding": "embedding", "decision": "decision", "sequence": "sequence"}
+_MODULES = {"text": "text", "embedding": "embedding", "decision": "decision", "sequence": "sequence",
+            "recognition": "recognition"}
 
 
 def kind_spec(kind: str) -> KindSpec | None:

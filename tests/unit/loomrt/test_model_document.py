@@ -78,7 +78,7 @@ def test_defaults():
 def test_every_kind_minimal(kind):
     doc = parse({**KIND_BASE, "kind": kind})
     assert doc.kind == kind and doc.max_output_tokens is None
-    assert (doc.rows is None) == (kind != "sequence")
+    assert doc.rows == {"sequence": 8, "recognition": 4}.get(kind)   # rows: text, sequence and recognition
     assert (doc.width, doc.height) == ((512, 512) if kind == "image" else (None, None))
 
 

@@ -1,0 +1,1 @@
+"""Media the host decodes before a model sees it: recorded audio (`audio.py`) today."""
