@@ -1,7 +1,7 @@
 """Checkpoints: named tensors read from a weights file, in the storage the runtime binds.
 
-`open_checkpoint(path)` picks the format (GGUF by its magic bytes, CTranslate2 by its
-header, else safetensors) and returns a `Checkpoint`:
+`open_checkpoint(path)` picks the format (GGUF by its magic bytes, ONNX by the start of a
+ModelProto, CTranslate2 by its header, else safetensors) and returns a `Checkpoint`:
 
     names()        the tensor names, in file order
     info(name)     TensorInfo(name, dtype, shape): the `.loom` dtype and the *logical*
@@ -110,7 +110,7 @@ SUPPORTED_DTYPES = tuple(DTYPES)
 
 
 def open_checkpoint(path: str | Path) -> Checkpoint:
-    """Open a GGUF, CTranslate2 (`model.bin`) or safetensors file; the format is read from the
+    """Open a GGUF, ONNX (its initializers), CTranslate2 (`model.bin`) or safetensors file; the format is read from the
     file's first bytes, never from its name."""
     path = Path(path)
     try:
@@ -123,6 +123,9 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if head == GGUF_MAGIC:
         from loomrt.checkpoint_gguf import GgufCheckpoint
         return GgufCheckpoint(path)
+    from loomrt.checkpoint_onnx import OnnxCheckpoint, looks_like_onnx
+    if looks_like_onnx(head):
+        return OnnxCheckpoint(path)
     from loomrt.checkpoint_ct2 import Ct2Checkpoint, looks_like_ct2
     if looks_like_ct2(head):
         return Ct2Checkpoint(path)

@@ -20,8 +20,10 @@ from loomrt.registry import Registry
 from loomrt.services.decision import Decision, parse_questions
 from loomrt.services.embedding import EmbeddingJob
 from loomrt.services.recognition import Transcription
+from loomrt.services.outbox import Outbox
 from loomrt.services.sequence import SequenceAppend
-from loomrt.services.text import Generation, Outbox
+from loomrt.services.speech import BLOCK_CREDIT, Utterance
+from loomrt.services.text import Generation
 
 CHAT = "chat completions"
 
@@ -34,6 +36,19 @@ def transcribe(registry: Registry, model: Any, data: bytes, media_type: str | No
     prepared = reg.policy.prepare(options)
     samples = decode_recording(data, media_type, params, reg.policy.geometry)
     job = Transcription(samples, prepared, reg.policy.window_samples)
+    job.route = what
+    registry.submit(reg.name, job)
+    return job
+
+
+def speak(registry: Registry, model: Any, options: dict[str, Any], what: str = "speech",
+          loop: asyncio.AbstractEventLoop | None = None) -> Utterance:
+    """Start speaking `options["input"]`: the source's policy cuts it into blocks (or rejects the
+    voice, speed, seed or instructions), then the utterance is queued; its `outbox` carries each
+    block's PCM16LE bytes ("audio"), then "done" or "error"."""
+    reg = registry.serving(model, "speech", what)
+    prepared = reg.policy.prepare(options)
+    job = Utterance(prepared, outbox=Outbox(BLOCK_CREDIT, loop=loop))
     job.route = what
     registry.submit(reg.name, job)
     return job

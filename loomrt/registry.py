@@ -151,6 +151,12 @@ class Registry:
             record["error"] = {"code": error.code, "message": error.message, "status": error.status}
         self._publish(record)
 
+    def _request_progress(self, reg: Registration, job: Job, event: str, fields: dict[str, Any]) -> None:
+        """A milestone of a request in flight (a speech block computed, its first audio sent), in
+        the same journal as its outcome, so the order of what happened can be read back."""
+        self._publish({"time": time.time(), "event": event, "model": reg.name, "kind": job.kind, "request": job.id,
+                       **fields})
+
     def _set_phase(self, reg: Registration, phase: str, **fields: Any) -> None:
         self._event(reg, phase, phase=phase, **fields)
 
@@ -310,7 +316,8 @@ class Registry:
             if reg.removing:
                 return
             common = dict(variant=reg.variants.selected if reg.variants else None, max_active=reg.document.rows,
-                          outcomes=lambda job, error: self._request_outcome(reg, job, error))
+                          outcomes=lambda job, error: self._request_outcome(reg, job, error),
+                          progress=lambda job, event, fields: self._request_progress(reg, job, event, fields))
             if reg.spec is not None:
                 reg.service = reg.spec.create_service(reg, component, self.residency, state, **common)
             else:

@@ -24,6 +24,7 @@ deployment ran with is a file one can inspect.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -183,14 +184,26 @@ def unpadded(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
+def _is_inventory(path: Path) -> bool:
+    from loomrt.phonemizer import is_phoneme_inventory
+
+    try:
+        return is_phoneme_inventory(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False     # Tokenizer.from_file reports what is wrong with it
+
+
 def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
-    """The tokenizer a text deployment names: a `.json` file is a `tokenizer.json` and is read as
-    is; a `.gguf` is built from its metadata (`tokenizer_from_gguf`) and saved under
+    """The tokenizer a deployment names: a `.json` file is a `tokenizer.json` and is read as
+    is, or a speech model's phoneme inventory (`loomrt.phonemizer`); a `.gguf` is built from its metadata (`tokenizer_from_gguf`) and saved under
     `<cache>/tokenizers/<sha256>.json`, which later loads reuse instead of rebuilding. A cached
     file that does not load is rebuilt and replaced."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
+        if _is_inventory(path):
+            from loomrt.phonemizer import load_phonemizer   # a speech model's phonemes (docs/tokenizers.md)
+            return load_phonemizer(path)
         return unpadded(Tokenizer.from_file(str(path)))
     if suffix != ".gguf":
         raise ValueError(f"{path}: a tokenizer is a tokenizer.json (.json) or a GGUF checkpoint (.gguf)")

@@ -42,6 +42,9 @@ def model_object(reg: Registration) -> dict[str, Any]:
         geometry = reg.policy.geometry
         loom["input_formats"] = container_formats() + ["pcm"]
         loom["input"] = {"sample_rate": geometry.rate, "channels": geometry.channels, "max_frames": geometry.max_frames}
+    if doc.kind == "speech" and reg.policy is not None:
+        loom["output_format"] = {"format": "pcm", "sample_rate": reg.policy.sample_rate, "channels": 1}
+        loom["voices"] = reg.policy.voices
     if reg.variants is not None:
         loom["variants"] = reg.variants.summary()
     return {"id": reg.name, "object": "model", "created": int(reg.created), "owned_by": "local",

@@ -34,7 +34,7 @@ class KindSpec:
 
 
 _MODULES = {"text": "text", "embedding": "embedding", "decision": "decision", "sequence": "sequence",
-            "recognition": "recognition"}
+            "recognition": "recognition", "speech": "speech"}
 
 
 def kind_spec(kind: str) -> KindSpec | None:

@@ -25,7 +25,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +97,7 @@ class Job:
 
 
 Outcomes = Callable[[Job, "LoomError | None"], None]
+Progress = Callable[[Job, str, dict[str, Any]], None]
 
 
 class StageService:
@@ -104,7 +105,7 @@ class StageService:
 
     def __init__(self, model: str, executables: Any, component: Component, residency: Residency,
                  state: dict[str, np.ndarray], pending_capacity: int, *, variant: int | None = None,
-                 max_active: int | None = None, outcomes: Outcomes | None = None):
+                 max_active: int | None = None, outcomes: Outcomes | None = None, progress: Progress | None = None):
         self.model = model
         self.executables = executables
         self.variant = variant
@@ -121,6 +122,7 @@ class StageService:
         self._stopped: Future = Future()
         self.steps_run = 0
         self.outcomes = outcomes                # told every finished request (the registry's events)
+        self.progress = progress                # told (job, event, fields) of a request's milestones
         self._thread = threading.Thread(target=self._run, name=f"loom-service-{model}", daemon=True)
 
     def start(self) -> "StageService":
@@ -297,8 +299,9 @@ class StageService:
 
     # ---- the three phases of a pass (modality services override them) ------------------------------
 
-    def plan(self, jobs: list[Job]) -> list[StepPlan]:
-        """The stage calls of this pass. Here: each job's next step, one call per job."""
+    def plan(self, jobs: list[Job]) -> Iterable[StepPlan]:
+        """The stage calls of this pass, run in order; a generator plans each call after the one
+        before it was applied. Here: each job's next step, one call per job."""
         return [StepPlan(job.steps[job.done_steps].stage, (job,), job.steps[job.done_steps].inputs) for job in jobs]
 
     def execute(self, plan: StepPlan, params: dict[str, Any]) -> dict[str, np.ndarray] | None:

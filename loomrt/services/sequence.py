@@ -50,7 +50,7 @@ from loomrt.pins import Checkpoint, Pins
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
 from loomrt.services.packing import TokenRow, pack_rows
-from loomrt.services.text import Outbox
+from loomrt.services.outbox import Outbox
 from loomrt.sessions import ORDERS
 
 STEP_STAGE = "consume"  # a sequence program without it is native-only (loomrt.services)

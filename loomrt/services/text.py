@@ -15,10 +15,7 @@ program's `publish` policy (safe boundaries, tool calls, reasoning split) when i
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import secrets
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +28,13 @@ from loomrt.pins import Checkpoint, Pins
 from loomrt.prefixes import PrefixCache
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
+from loomrt.services.outbox import Outbox
 from loomrt.services.packing import TokenRow, pack_rows
 from loomrt.sessions import ORDERS, HistoryStore, image_of
 
 STEP_STAGE = "prefill_decode"
 PUBLISH_FN = "publish"
 PREFILL_CHUNK = 256
-DEFAULT_CREDIT = 64
 
 
 @dataclass(frozen=True)
@@ -46,60 +43,6 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-
-
-class Outbox:
-    """Events from the service worker to one reader, bounded by output credit.
-
-    The worker `put`s ("delta", {...}), ("done", {...}) or ("error", LoomError); the reader
-    takes them with `get` (a thread) or `aget` (an asyncio task on the loop given). A reader
-    that wants only the outcome (a complete, non-streamed response) passes `deltas=False`:
-    text deltas are then not kept, so they never use up the row's credit."""
-
-    def __init__(self, credit: int = DEFAULT_CREDIT, loop: asyncio.AbstractEventLoop | None = None, *,
-                 deltas: bool = True):
-        self.credit = credit
-        self.deltas = deltas
-        self._events: collections.deque[tuple[str, Any]] = collections.deque()
-        self._cond = threading.Condition()
-        self._loop = loop
-        self._ready = asyncio.Event() if loop is not None else None
-        self.wake_worker = lambda: None
-
-    def put(self, kind: str, payload: Any) -> None:
-        if kind == "delta" and not self.deltas:
-            return
-        with self._cond:
-            self._events.append((kind, payload))
-            self._cond.notify_all()
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._ready.set)
-
-    def has_credit(self) -> bool:
-        with self._cond:
-            return len(self._events) < self.credit
-
-    def _take(self) -> tuple[str, Any]:
-        full = len(self._events) >= self.credit
-        event = self._events.popleft()
-        if full:
-            self.wake_worker()
-        return event
-
-    def get(self, timeout: float | None = None) -> tuple[str, Any]:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._events, timeout):
-                raise TimeoutError("no output event in time")
-            return self._take()
-
-    async def aget(self) -> tuple[str, Any]:
-        assert self._ready is not None, "Outbox.aget needs the loop it was created with"
-        while True:
-            with self._cond:
-                if self._events:
-                    return self._take()
-                self._ready.clear()
-            await self._ready.wait()
 
 
 class Generation(Job):

@@ -19,7 +19,7 @@ from loomd_process import REPO, Daemon
 
 README = REPO / "README.md"
 README_URL = "http://127.0.0.1:8080"
-BUNDLED = ["scout", "vectors", "judge", "encoder", "recognizer"]
+BUNDLED = ["scout", "vectors", "judge", "encoder", "recognizer", "speaker"]
 READY_DEADLINE_S = 600.0   # five samples compile and prepare; a hang guard
 
 

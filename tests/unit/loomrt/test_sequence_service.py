@@ -18,7 +18,7 @@ from loomrt.devices import Devices
 from loomrt.errors import Conflict, InvalidRequest, NotFound, Unavailable
 from loomrt.residency import Component, Residency
 from loomrt.services.sequence import SequenceAppend, SequenceService
-from loomrt.services.text import Outbox
+from loomrt.services.outbox import Outbox
 
 PAGE_SIZE = 4
 TIMEOUT = 10.0
