@@ -117,9 +117,9 @@ def build_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None,
         source_paths = [code_path(s, ns) for s in doc.sources]
     else:
         source_paths = [code_path(s, UPLOAD) for s in sources]
-    if doc.image is not None:
-        prepare["image"] = [code_path(doc.image.prepare, ns)] if doc.image.prepare else []
-        source_paths += [code_path(s, ns) for s in doc.image.sources]
+    for name, extra in doc.components.items():
+        prepare[name] = [code_path(extra.prepare, ns)] if extra.prepare else []
+        source_paths += [code_path(s, ns) for s in extra.sources]
     try:
         return build_module(doc.origin or doc.model, code_path(doc.control, ns), prepare, source_paths,
                             dict(doc.config), packages)

@@ -43,16 +43,20 @@ _TOP: dict[str, tuple[str, ...]] = {
     "checkpoint": _ALL, "assets": _ALL, "base_directory": _ALL, "admission": _ALL, "device": _ALL,
     "config": _ALL, "rows": (*_ROWS, "recognition"), "context_length": _ROWS, "limits": ("text",), "pool_capacity": (*_ROWS, "decision"),
     "pending_capacity": _ALL, "variant_capacity": _VARIANTS, "checkpoint_capacity": _ROWS,
-    "session_cache_capacity": ("text",), "prefix_cache_capacity": ("text",), "components": ("text",),
+    "session_cache_capacity": ("text",), "prefix_cache_capacity": ("text",), "components": ("text", "speech"),
     "loras": ("image",), "voices": ("speech",), "width": ("image",), "height": ("image",),
 }
 _LIMITS = ("max_output_tokens",)
-_COMPONENTS = ("image",)
+#: The extra components each kind may declare (beside its primary one): an image-input text
+#: model's vision encoder, a speech model's phonemizer fallback network.
+COMPONENTS_BY_KIND = {"text": "image", "speech": "phonemizer"}
+_COMPONENTS = tuple(COMPONENTS_BY_KIND.values())
 _COMPONENT = ("sources", "prepare", "checkpoint")
 
 #: Every field path the validator knows; `docs/model-document.md` documents exactly these.
-FIELDS: tuple[str, ...] = (*_TOP, *(f"limits.{k}" for k in _LIMITS), "components.image",
-                           *(f"components.image.{k}" for k in _COMPONENT))
+FIELDS: tuple[str, ...] = (*_TOP, *(f"limits.{k}" for k in _LIMITS),
+                           *(f for c in _COMPONENTS for f in (f"components.{c}",
+                                                             *(f"components.{c}.{k}" for k in _COMPONENT))))
 
 MAX_ROWS = 256
 MAX_CONTEXT_LENGTH = 1_048_576
@@ -85,8 +89,9 @@ class FileRef:
 
 
 @dataclass(frozen=True)
-class ImageComponent:
-    """An image-input text model's vision component: its own providers and weights."""
+class ExtraComponent:
+    """A component beside the primary one (`COMPONENTS_BY_KIND`): its own providers and weights,
+    loaded and evicted on its own."""
 
     sources: tuple[FileRef, ...] = ()
     prepare: FileRef | None = None
@@ -121,13 +126,18 @@ class ModelDocument:
     checkpoint_capacity: int = DEFAULT_CHECKPOINT_CAPACITY
     session_cache_capacity: int = 0
     prefix_cache_capacity: int = 0
-    image: ImageComponent | None = None       # `components.image`
+    components: Mapping[str, ExtraComponent] = field(default_factory=lambda: MappingProxyType({}))
     loras: Mapping[str, FileRef] = field(default_factory=lambda: MappingProxyType({}))
     voices: Mapping[str, FileRef] = field(default_factory=lambda: MappingProxyType({}))
     width: int | None = None
     height: int | None = None
     origin: str = ""
     packaged: bool = False                    # whether code and metadata came from an upload
+
+    @property
+    def image(self) -> ExtraComponent | None:
+        """`components.image`: an image-input text model's vision component."""
+        return self.components.get("image")
 
 
 class _Resolver:
@@ -305,8 +315,8 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
     if kind == "text":
         out["session_cache_capacity"] = capacity("session_cache_capacity", MAX_SESSION_CACHE_CAPACITY, 0)
         out["prefix_cache_capacity"] = capacity("prefix_cache_capacity", out["pool_capacity"], 0)
-        if "components" in doc:
-            out["image"] = _components(doc["components"], r)
+    if "components" in doc:
+        out["components"] = MappingProxyType(_components(doc["components"], kind, r))
     if kind == "image":
         out["width"], out["height"] = _image_side(doc, "width"), _image_side(doc, "height")
         if "loras" in doc:
@@ -341,22 +351,22 @@ def _rows_fields(doc: dict[str, Any], kind: str, out: dict[str, Any]) -> None:
         out["max_output_tokens"] = max_out
 
 
-def _components(value: Any, r: _Resolver) -> ImageComponent:
+def _components(value: Any, kind: str, r: _Resolver) -> dict[str, ExtraComponent]:
+    name = COMPONENTS_BY_KIND[kind]
     comps = _object("components", value)
-    _unknown(comps, _COMPONENTS, "components.")
-    if "image" not in comps:
-        raise _fail("components", "expected an 'image' component")
-    image = _object("components.image", comps["image"])
-    _unknown(image, _COMPONENT, "components.image.")
-    if "sources" not in image:
-        raise InvalidRequest("components.image.sources: required field is missing",
-                             param="components.image.sources")
-    return ImageComponent(
-        sources=_path_list("components.image.sources", image["sources"], r.code),
-        prepare=r.code("components.image.prepare", image["prepare"]) if "prepare" in image else None,
-        checkpoint=(r.weights("components.image.checkpoint", image["checkpoint"])
-                    if "checkpoint" in image else None),
-    )
+    _unknown(comps, (name,), "components.")
+    if name not in comps:
+        raise _fail("components", f"expected an '{name}' component")
+    spec = _object(f"components.{name}", comps[name])
+    where = f"components.{name}."
+    _unknown(spec, _COMPONENT, where)
+    if "sources" not in spec:
+        raise InvalidRequest(f"{where}sources: required field is missing", param=f"{where}sources")
+    return {name: ExtraComponent(
+        sources=_path_list(f"{where}sources", spec["sources"], r.code),
+        prepare=r.code(f"{where}prepare", spec["prepare"]) if "prepare" in spec else None,
+        checkpoint=r.weights(f"{where}checkpoint", spec["checkpoint"]) if "checkpoint" in spec else None,
+    )}
 
 
 def resolve_sources(value: Any, *, base_directory: Any = None, package: PackageFiles | None = None,
@@ -387,4 +397,4 @@ def resolve_sources(value: Any, *, base_directory: Any = None, package: PackageF
     return _path_list("sources", value, server)
 
 
-__all__ = ["FIELDS", "FileRef", "ImageComponent", "KINDS", "ModelDocument", "parse_document", "resolve_sources"]
+__all__ = ["COMPONENTS_BY_KIND", "FIELDS", "ExtraComponent", "FileRef", "KINDS", "ModelDocument", "parse_document", "resolve_sources"]

@@ -9,8 +9,9 @@ inventory lacks are dropped, as hibari does. The object quacks like a `tokenizer
 where the control program needs it (`tokenize`/`detokenize` host calls, the vocabulary size).
 
 Words the lexicon cannot read go to `fallback` (a callable word -> phonemes or None). The
-G2P's own fallback is an onnxruntime network, which serving never loads: until a deployment
-supplies one, such words are skipped (spoken as nothing).
+G2P's own fallback is an onnxruntime network, which serving never loads: a speech deployment
+supplies its own (a `phonemizer` component, attached by `loomrt.services.speech`); without
+one such words are skipped (spoken as nothing).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-MAX_TEXT_CHARS = 1 << 16     # one tokenize() call at most: the policy cuts longer input first
+MAX_TEXT_CHARS = 1 << 20     # one call at most (the /tokenize bound; policies cut far shorter blocks)
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ class Registration:
         return self.executables is not None and self.spec is None
 
     def declared_components(self) -> tuple[str, ...]:
-        return ("primary", "image") if self.document.image is not None else ("primary",)
+        return ("primary", *self.document.components)
 
     def status(self) -> dict[str, Any]:
         doc = self.document
@@ -254,9 +254,9 @@ class Registry:
                 reg.progress = {"stages": len(ex.programs)}
                 reg.components["primary"] = Component(doc.model, "primary", device,
                                                       lambda: self._prepare(reg, "primary"))
-                if doc.image is not None:
-                    reg.components["image"] = Component(doc.model, "image", device,
-                                                        lambda: self._prepare(reg, "image"))
+                for name in doc.components:
+                    reg.components[name] = Component(doc.model, name, device,
+                                                     lambda name=name: self._prepare(reg, name))
                 for component in reg.components.values():
                     self.residency.add(component)
                 if reg.variants is not None:
@@ -295,7 +295,7 @@ class Registry:
         plan = reg.executables.module.components[component]
         if not plan.params:
             return {}
-        checkpoint = doc.checkpoint if component == "primary" else doc.image.checkpoint
+        checkpoint = doc.checkpoint if component == "primary" else doc.components[component].checkpoint
         if not plan.reads_checkpoint:
             return prepare_params(plan, None, self.cache_dir)
         if checkpoint is None:

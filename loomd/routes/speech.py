@@ -24,7 +24,7 @@ from aiohttp import web
 from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomrt import inference
-from loomrt.errors import InvalidRequest, LoomError
+from loomrt.errors import LoomError
 from loomrt.fields import U64_LIMIT, expect_string, fail, fields_of, reject_unknown, shown
 
 FIELDS = ("model", "input", "voice", "response_format", "stream_format", "speed", "seed", "instructions")

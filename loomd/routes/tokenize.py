@@ -48,7 +48,7 @@ def _literal(tokenizer: Any) -> Any:
 
 def _encode(tokenizer: Any, text: str, add_special: bool, parse_special: bool) -> list[int]:
     try:
-        if parse_special:
+        if parse_special or not hasattr(tokenizer, "to_str"):   # a phonemizer has no special tokens
             return tokenizer.encode(text, add_special_tokens=add_special).ids
         return _literal(tokenizer).encode(text, add_special_tokens=add_special).ids
     except Exception as exc:

@@ -41,6 +41,8 @@ DURATIONS_STAGE = "durations"
 SYNTHESIZE_STAGE = "synthesize"
 REQUEST_FN = "speech_request"
 VOICES_FN = "speech_voices"
+FALLBACK_STAGE = "g2p_fallback"      # optional: the phonemizer's out-of-vocabulary reader
+FALLBACK_COMPONENT = "phonemizer"
 STEP_IDS = 2048          # ids per `durations` call at most (a longer block runs alone)
 STEP_FRAMES = 4096       # output frames per `synthesize` call at most (a longer block runs alone)
 BLOCK_CREDIT = 4         # blocks a reader may leave untaken before its request pauses
@@ -254,8 +256,43 @@ def create_policy(reg: Any, executables: Any, tokenizer: Any) -> SpeechPolicy:
     return SpeechPolicy(Control(executables.control), tokenizer, rate, tokenizer.get_vocab_size())
 
 
+class ComponentSession:
+    """An onnxruntime-shaped session (`run(None, {"chars": ids})`) backed by the deployment's
+    `g2p_fallback` stage on its `phonemizer` component: what hibari's out-of-vocabulary reader
+    (`hibari.g2p.oov.OOV`) calls for each unknown word. It runs on the caller's thread (request
+    preparation), one word at a time (the phonemizer serializes its G2P calls)."""
+
+    def __init__(self, program: Any, residency: Any, component: Any):
+        self.program, self.residency, self.component = program, residency, component
+
+    def run(self, outputs: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        chars = np.asarray(feeds["chars"], np.int32).reshape(-1)
+        params = self.residency.acquire(self.component)
+        try:
+            classes = self.program.run(params, {}, {"chars": chars, "rows": np.zeros(len(chars), np.int32)})["classes"]
+        finally:
+            self.residency.release(self.component)
+        return [np.asarray(classes, np.int64).reshape(1, -1)]
+
+
+def _attach_fallback(reg: Any, residency: Any) -> None:
+    """A phonemizer reads unknown words with the package's fallback network when the program
+    declares it (stage `g2p_fallback`, component `phonemizer`); without one they are skipped."""
+    tokenizer, program = reg.tokenizer, reg.executables.programs.get(FALLBACK_STAGE)
+    component = reg.components.get(FALLBACK_COMPONENT)
+    if program is None or component is None or not hasattr(tokenizer, "fallback"):
+        return
+    from hibari.g2p.oov import OOV      # the reader of the phonemizer's own library (char ids, CTC decoding)
+
+    from loomrt.compiler import code_path
+
+    weights = code_path(reg.document.components[FALLBACK_COMPONENT].checkpoint)
+    tokenizer.fallback = OOV(str(weights), session=ComponentSession(program, residency, component))
+
+
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> SpeechService:
     common["max_active"] = common.get("max_active") or (reg.document.rows or 8)
+    _attach_fallback(reg, residency)
     return SpeechService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                          **common)
 

@@ -193,6 +193,20 @@ def test_a_client_that_leaves_stops_only_its_own_request(server):
     assert done[0]["blocks_done"] < 30 and "error" in done[0], done[0]
 
 
+def test_an_unknown_word_is_read_by_the_packages_fallback_network(server):
+    """"blorft" is in no lexicon: the phonemizer reads it with the speaker's `phonemizer`
+    component (hibari's out-of-vocabulary network in .loom), so it is spoken, not skipped."""
+    r = server.request("POST", "/tokenize", {"model": "speaker", "content": "blorft"})
+    assert r.status == 200, r.body
+    ids = r.json()["tokens"]
+    assert len(ids) >= 4, ids
+    phonemes = server.request("POST", "/detokenize", {"model": "speaker", "tokens": ids}).json()["content"]
+    assert phonemes.startswith("bl"), phonemes
+    with_word = audio_of(speak(server, {**SPEC_BODY, "input": "The blorft sat down."}))
+    without = audio_of(speak(server, {**SPEC_BODY, "input": "The sat down."}))
+    assert len(with_word) > len(without) + RATE // 10
+
+
 # ---- rejections -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("change, status, words, param", [

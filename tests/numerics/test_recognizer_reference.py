@@ -63,8 +63,10 @@ def policy(checked) -> dict:
 def greedy(recognizer, audio: np.ndarray) -> list[int]:
     checked, programs, params = recognizer
     request = policy(checked)
-    state = {name: np.zeros((2, 4, frames, 384), np.float32)
-             for name, frames in (("self_k", 448), ("self_v", 448), ("cross_k", 1500), ("cross_v", 1500))}
+    # cross_k is stored transposed ([layer, dim, frame]) for the decoder's cross-attention scores
+    state = {name: np.zeros((2, 4) + shape, np.float32)
+             for name, shape in (("self_k", (448, 384)), ("self_v", (448, 384)), ("cross_k", (384, 1500)),
+                                 ("cross_v", (1500, 384)))}
     window = np.zeros((1, 480000), np.float32)
     window[0, :len(audio)] = audio
     programs["encode"].run(params, state, {"audio": window, "slots": np.array([1], np.int32)})

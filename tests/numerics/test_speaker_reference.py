@@ -46,7 +46,7 @@ import onnxruntime as ort  # noqa: E402 - the reference (test extra)
 from onnx import numpy_helper  # noqa: E402
 
 from loomc.check.document import load_document  # noqa: E402
-from loomc.lower.prepare import prepare_plan  # noqa: E402
+from loomc.lower.prepare import lower_prepare  # noqa: E402
 from loomc.run.compile import compile_command  # noqa: E402
 from loomrt.checkpoints import open_checkpoint  # noqa: E402
 from loomrt.locator import resolve_locator  # noqa: E402
@@ -70,8 +70,11 @@ def speaker():
     checked = load_document(SPEAKER)
     assert checked.ok, checked.diagnostics
     programs = {name: compile_command(checked, name) for name in ("durations", "acoustic")}
+    # the primary component's params only (prepare.loom, from hibari.onnx); the document's
+    # phonemizer component prepares its own from oov.onnx
+    primary = [m for m in checked.roles["prepare"] if Path(str(m.key)).parent == SPEAKER.parent]
     with open_checkpoint(resolve_locator(HIBARI)) as ckpt:
-        params = prepare_params(prepare_plan(checked), ckpt)
+        params = prepare_params(lower_prepare(checked, primary), ckpt)
     return programs, params
 
 

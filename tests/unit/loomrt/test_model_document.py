@@ -156,7 +156,7 @@ def test_field_errors(fields, message):
                                         "(used by text, sequence, embedding, decision, image)"),
     ("text", {"width": 512}, "width: not used by kind 'text' (used by image)"),
     ("image", {"voices": {}}, "voices: not used by kind 'image' (used by speech)"),
-    ("decision", {"components": {}}, "components: not used by kind 'decision' (used by text)"),
+    ("decision", {"components": {}}, "components: not used by kind 'decision' (used by text, speech)"),
     ("decision", {"pool_capacity": 0}, "pool_capacity: 0 is out of range 1..16777216"),
     ("embedding", {"pool_capacity": 64}, "pool_capacity: not used by kind 'embedding' (used by text, sequence, "
                                          "decision)"),
@@ -366,3 +366,18 @@ def test_decision_pool_capacity_sizes_its_pool():
     """A decision deployment has no rows, but its passes use a KV pool: the document sizes it."""
     assert parse({**KIND_BASE, "kind": "decision", "pool_capacity": 640}).pool_capacity == 640
     assert parse({**KIND_BASE, "kind": "decision"}).pool_capacity is None   # the runtime's default (8192)
+
+
+def test_components_by_kind():
+    """A text model may add an `image` component, a speech model a `phonemizer`; each kind only its own."""
+    comp = {"sources": ["oov.loom"], "prepare": "oov_prepare.loom", "checkpoint": "package:pkg/oov.onnx"}
+    doc = parse({**KIND_BASE, "kind": "speech", "components": {"phonemizer": comp}})
+    assert set(doc.components) == {"phonemizer"} and doc.image is None
+    assert [s.path for s in doc.components["phonemizer"].sources][0].endswith("oov.loom")
+    with pytest.raises(InvalidRequest, match="unknown field 'components.image'"):
+        parse({**KIND_BASE, "kind": "speech", "components": {"image": comp}})
+    with pytest.raises(InvalidRequest, match="unknown field 'components.phonemizer'"):
+        parse({**KIND_BASE, "kind": "text", "tokenizer": "t.json", "components": {"phonemizer": comp}})
+    with pytest.raises(InvalidRequest, match="components.phonemizer.sources: required field is missing"):
+        parse({**KIND_BASE, "kind": "speech", "components": {"phonemizer": {}}})
+
