@@ -36,6 +36,7 @@ CONTENT_TYPE = "audio/pcm;rate=24000;channels=1"
 SPEC_BODY = {"model": "speaker", "input": "Good day.", "voice": "alba", "response_format": "pcm"}
 FIVE = ("The sun rose over the quiet harbor. Fishermen loaded their boats with nets. A gull cried "
         "above the water. Children ran along the old stone pier. By noon the market was full of voices.")
+SIXTH = "The evening was calm again."
 #: Ten sentences for the round trip: numbers, punctuation, a word no lexicon has.
 ROUND_TRIP = [
     "The weather is lovely today.",
@@ -146,16 +147,25 @@ def test_stream_format_audio_and_empty_instructions_are_accepted(server):
 # ---- streaming, batching, disconnects --------------------------------------------------------------
 
 def test_first_audio_is_written_before_the_last_sentence_is_synthesized(server):
+    """Six sentences: with an output credit of 4 untaken blocks (loomrt.services.speech), the
+    service cannot synthesize the sixth before the client's first block was written and the
+    second taken, so the order in the journal holds on any machine, however loaded."""
     start = newest_id(server)
-    audio_of(speak(server, {**SPEC_BODY, "input": FIVE}))
-    entries = journal(server, start)
-    done = [e for e in entries if e["event"] == "request" and e.get("kind") == "speech"]
-    assert len(done) == 1 and done[0]["blocks"] == 5, done
+    audio_of(speak(server, {**SPEC_BODY, "input": FIVE + " " + SIXTH}))
+    # the request's outcome entry is published just after its last block reached the client
+    deadline = time.monotonic() + 60
+    while True:
+        entries = journal(server, start)
+        done = [e for e in entries if e["event"] == "request" and e.get("kind") == "speech"]
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # poll interval; the deadline bounds the wait
+    assert len(done) == 1 and done[0]["blocks"] == 6, done
     request = done[0]["request"]
     mine = [e for e in entries if e.get("request") == request]
     blocks = [e for e in mine if e["event"] == "speech_block"]
     first = [e for e in mine if e["event"] == "speech_first_audio"]
-    assert [e["block"] for e in blocks] == [0, 1, 2, 3, 4] and len(first) == 1
+    assert [e["block"] for e in blocks] == [0, 1, 2, 3, 4, 5] and len(first) == 1
     assert blocks[0]["id"] < first[0]["id"] < blocks[-1]["id"], [(e["event"], e["id"]) for e in mine]
 
 
