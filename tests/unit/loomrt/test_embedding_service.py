@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from service_fakes import FakeResidency
 
 from loomrt.errors import InvalidRequest, Unavailable
 from loomrt.services.embedding import EmbeddingJob, EmbeddingService
@@ -46,17 +47,6 @@ class FakeEncode:
 
     def scratch_bytes(self) -> int:
         return 0
-
-
-class FakeResidency:
-    def __init__(self):
-        self.devices = SimpleNamespace(set=lambda *a: None)
-
-    def acquire(self, component):
-        return {}
-
-    def release(self, component):
-        pass
 
 
 def expected(inputs):

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from service_fakes import FakeResidency
 
 from loomrt.errors import LoomError, Unavailable
 from loomrt.services.outbox import Outbox
@@ -76,17 +77,6 @@ class FakeSynthesize:
 
     def scratch_bytes(self) -> int:
         return 0
-
-
-class FakeResidency:
-    def __init__(self):
-        self.devices = SimpleNamespace(set=lambda *a: None)
-
-    def acquire(self, component):
-        return {}
-
-    def release(self, component):
-        pass
 
 
 @pytest.fixture
