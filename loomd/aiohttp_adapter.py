@@ -46,6 +46,31 @@ Un-underscored but undocumented aiohttp names this module relies on (aiohttp exp
   `connections` attributes, and the request factory's call
   `(message, payload, protocol, writer, task)`.
 - `StreamReader.set_exception()` (with the documented `is_eof()` and `exception()`).
+- `aiohttp.web_protocol.ERROR`, the request message aiohttp's parser errors are handled
+  under (an HTTP/1.0 `RawRequestMessage`, so their responses would say `HTTP/1.0`): the
+  request factory gives those requests the same message as HTTP/1.1 (`NamedTuple._replace`).
+- `RequestHandler.data_received`, overridden (it calls the original) to follow each
+  connection's phase for the deadlines (`Deadlines`): a request message is complete when
+  aiohttp appends it to `_messages` (read only: its length and its last payload), its body
+  when that payload `is_eof()`.
+- asyncio's `pause_writing`/`resume_writing` (aiohttp's `BaseProtocol` implements them; we
+  call the originals): the write-stall deadline runs while the transport's buffer is over
+  its high-water mark.
+
+Deadlines and the connection bound (`Deadlines`, `AdapterServer`). Each connection is in one
+phase: `header` (from the connection's open, or the first byte of a request on a kept-alive
+connection, until its request line and headers are complete: `header_timeout`, absolute),
+`body` (a declared body not yet complete: `body_timeout` since the last bytes arrived, not
+counted while the transport is paused because the server is not reading), `busy` (a handler
+runs or a request waits for one: no read deadline) or `idle` (kept alive between requests:
+`keepalive_timeout`). A deadline that passes closes the connection without a response (the
+peer stopped sending, and a handler may already have started one). While the transport
+cannot take more output, `write_stall_timeout` runs; when it passes the connection is
+aborted (a reader that stopped reading gets no graceful close, which would wait for it).
+Connections in the `header`/`body` phases are bounded by `max_reading`; over it the one
+whose last progress is oldest is closed. A new connection over `max_connections` closes the
+stalled reading connection with the oldest progress, else the longest-idle kept-alive one;
+only when every connection has a handler running does it get the `refusal` (503).
 """
 
 from __future__ import annotations
@@ -53,10 +78,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import ERROR as PARSER_ERROR_MESSAGE
 
 #: The aiohttp releases loomd is tested with: at least the first (major, minor), below the
 #: second. pyproject.toml pins the same range (`AIOHTTP_REQUIREMENT`); `loomd serve` and
@@ -83,6 +110,19 @@ def check_aiohttp_version(version: str | None = None) -> None:
 #: Renders an error aiohttp detected below the application: (status, text) -> response.
 ErrorRenderer = Callable[[int, str], web.StreamResponse]
 
+READING = ("header", "body")
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Seconds each phase of a connection may last without progress (module docstring); 0 turns
+    one off. `max_reading` bounds the connections in the header/body phases."""
+    header_timeout: float = 0.0
+    body_timeout: float = 0.0
+    keepalive_timeout: float = 0.0
+    write_stall_timeout: float = 0.0
+    max_reading: int = 1 << 30
+
 
 class AdapterProtocol(web.RequestHandler):
     """The protocol of one connection (see the module docstring for what it overrides and why)."""
@@ -92,18 +132,123 @@ class AdapterProtocol(web.RequestHandler):
         # our own references: aiohttp's `_manager` is private and cleared on connection_lost
         self._loom_server = server
         self._loom_payload: aiohttp.StreamReader | None = None  # body of the latest request
+        self._loom_phase = "new"          # new, header, body, busy, idle, closed (module docstring)
+        self._loom_progress = 0.0         # loop time of the phase's start or the body's last bytes
+        self._loom_timer: asyncio.TimerHandle | None = None
+        self._loom_write_timer: asyncio.TimerHandle | None = None
+        self._loom_handling = False       # a request handler runs for this connection
+        self._loom_body: aiohttp.StreamReader | None = None  # the body the body phase waits for
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._loom_server
-        if len(server.connections) >= server.max_connections:
+        if server.open_count() >= server.max_connections and not server.make_room(self):
             transport.write(server.refusal)  # type: ignore[attr-defined]
             transport.close()
+            self._loom_phase = "closed"
             return  # aiohttp never registers this connection
         super().connection_made(transport)
+        self._loom_enter("header", server.deadlines.header_timeout)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._loom_phase = "closed"
+        self._loom_cancel_timers()
         super().connection_lost(exc)
         self._loom_payload = None
+        self._loom_body = None
+
+    # ---- phases and deadlines
+
+    def _loom_cancel_timers(self) -> None:
+        for timer in (self._loom_timer, self._loom_write_timer):
+            if timer is not None:
+                timer.cancel()
+        self._loom_timer = self._loom_write_timer = None
+
+    def _loom_enter(self, phase: str, timeout: float) -> None:
+        """Start `phase` now, with a deadline `timeout` seconds away (none if 0)."""
+        was_reading = self._loom_phase in READING
+        self._loom_phase = phase
+        self._loom_progress = self._loop.time()
+        if self._loom_timer is not None:
+            self._loom_timer.cancel()
+            self._loom_timer = None
+        if timeout > 0:
+            self._loom_timer = self._loop.call_later(timeout, self._loom_expired, phase)
+        if phase in READING and not was_reading:
+            self._loom_server.bound_reading(self)
+
+    def _loom_expired(self, phase: str) -> None:
+        self._loom_timer = None
+        if self._loom_phase != phase or self.transport is None:
+            return
+        if phase == "body":
+            idle_for = self._loop.time() - self._loom_progress
+            timeout = self._loom_server.deadlines.body_timeout
+            reading = getattr(self.transport, "is_reading", lambda: True)()
+            if not reading or idle_for < timeout:  # the server paused reading, or progress since
+                self._loom_timer = self._loop.call_later(max(timeout - idle_for, 0.0) if reading else timeout,
+                                                         self._loom_expired, phase)
+                if not reading:
+                    self._loom_progress = self._loop.time()
+                return
+        self.loom_close()
+
+    def loom_close(self) -> None:
+        """Close this connection now, without a response (a deadline passed, or room was made)."""
+        self._loom_phase = "closed"
+        self._loom_cancel_timers()
+        self.force_close()
+
+    def _loom_settled(self) -> None:
+        """Nothing left to read for now: `busy` while a handler runs or a request waits, else `idle`."""
+        if self._loom_handling or self._messages:
+            self._loom_enter("busy", 0.0)
+        else:
+            self._loom_enter("idle", self._loom_server.deadlines.keepalive_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._loom_phase in ("idle", "busy") and data and not self._loom_handling and not self._messages:
+            self._loom_enter("header", self._loom_server.deadlines.header_timeout)
+        queued = len(self._messages)
+        super().data_received(data)
+        if self._loom_phase == "closed" or self.transport is None:
+            return
+        if len(self._messages) > queued:  # a request message is complete: its body decides
+            payload = self._messages[-1][1]
+            if payload.is_eof():
+                self._loom_body = None
+                self._loom_settled()
+            else:
+                self._loom_body = payload
+                self._loom_enter("body", self._loom_server.deadlines.body_timeout)
+        elif self._loom_phase == "body" and data:
+            if self._loom_body is None or self._loom_body.is_eof():
+                self._loom_body = None
+                self._loom_settled()
+            else:
+                self._loom_progress = self._loop.time()  # the timer re-arms itself from here
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        timeout = self._loom_server.deadlines.write_stall_timeout
+        if timeout > 0 and self._loom_write_timer is None:
+            self._loom_write_timer = self._loop.call_later(timeout, self._loom_write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._loom_write_timer is not None:
+            self._loom_write_timer.cancel()
+            self._loom_write_timer = None
+
+    def _loom_write_stalled(self) -> None:
+        """The peer took none of our output for `write_stall_timeout`: abort (a graceful close
+        would wait for the buffered output it does not read)."""
+        self._loom_write_timer = None
+        transport = self.transport
+        if transport is not None:
+            self._loom_phase = "closed"
+            self._loom_cancel_timers()
+            transport.abort()
 
     def eof_received(self) -> bool | None:
         """The client closed its side. With every request body complete (or the connection
@@ -122,14 +267,22 @@ class AdapterProtocol(web.RequestHandler):
 
     def request_created(self, payload: aiohttp.StreamReader) -> None:
         self._loom_payload = payload
+        self._loom_handling = True
+        if self._loom_phase == "idle":
+            self._loom_enter("busy", 0.0)
 
     async def finish_response(self, request, resp, start_time):  # type: ignore[no-untyped-def]
         """Write the response; if it ends the connection while the request body is unread or
         broken, close as soon as it is written instead of lingering (module docstring)."""
-        result = await super().finish_response(request, resp, start_time)
+        try:
+            result = await super().finish_response(request, resp, start_time)
+        finally:
+            self._loom_handling = False
         body = request.content
         if not body.is_eof() and (not resp.keep_alive or body.exception() is not None):
             self.force_close()  # the transport flushes the written response, then closes
+        elif self._loom_phase == "busy":
+            self._loom_settled()
         return result
 
     def handle_error(self, request, status=500, exc=None, message=None):  # type: ignore[no-untyped-def]
@@ -140,16 +293,28 @@ class AdapterProtocol(web.RequestHandler):
         text = str(getattr(exc, "message", None) or message or exc or "bad request")
         if status >= 500:
             super().handle_error(request, status, exc, message)  # logs; raises if a response began
+        self._loom_server.count(status)
         response = self._loom_server.render_error(status, text)
         response.force_close()
         return response
 
 
+#: Counts a response made below the application (a parser error, a refusal) by its status.
+BelowAppCounter = Callable[[int], None]
+
+
+def _no_count(status: int) -> None:
+    pass
+
+
 class AdapterServer(web.Server):
     """`web.Server` whose connections use `AdapterProtocol`, bounded to `max_connections` open
-    connections (one over it is sent the raw HTTP response `refusal` and closed)."""
+    connections and `deadlines.max_reading` connections still reading a request (module
+    docstring); a connection that finds no room is sent the raw HTTP response `refusal` and
+    closed. `count` is told the status of every response made below the application."""
 
     def __init__(self, handler: Any, *, max_connections: int, refusal: bytes, render_error: ErrorRenderer,
+                 deadlines: Deadlines | None = None, count: BelowAppCounter = _no_count,
                  request_factory: Any = None, handler_cancellation: bool = False,
                  loop: asyncio.AbstractEventLoop | None = None, **protocol_kwargs: Any) -> None:
         super().__init__(handler, request_factory=request_factory, handler_cancellation=handler_cancellation,
@@ -159,9 +324,13 @@ class AdapterServer(web.Server):
         self.max_connections = max_connections
         self.refusal = refusal
         self.render_error = render_error
+        self.deadlines = deadlines or Deadlines()
+        self.count = count
         make_request = self.request_factory
 
         def tracked_request_factory(message, payload, protocol, *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
+            if message is PARSER_ERROR_MESSAGE:  # answer parser errors as HTTP/1.1, like everything else
+                message = message._replace(version=aiohttp.HttpVersion11)
             request = make_request(message, payload, protocol, *args, **kw)
             if isinstance(protocol, AdapterProtocol):
                 protocol.request_created(payload)
@@ -172,17 +341,47 @@ class AdapterServer(web.Server):
     def __call__(self) -> AdapterProtocol:
         return AdapterProtocol(self, loop=self._loom_loop, **self._loom_protocol_kwargs)
 
+    def _open(self) -> list[AdapterProtocol]:
+        return [c for c in self.connections if isinstance(c, AdapterProtocol) and c._loom_phase != "closed"]
+
+    def open_count(self) -> int:
+        """Registered connections not already being closed."""
+        return len(self._open())
+
+    def _oldest(self, phases: tuple[str, ...], but: AdapterProtocol) -> AdapterProtocol | None:
+        candidates = [c for c in self._open() if c._loom_phase in phases and c is not but]
+        return min(candidates, key=lambda c: c._loom_progress, default=None)
+
+    def make_room(self, newcomer: AdapterProtocol) -> bool:
+        """Close the reading connection with the oldest progress, else the longest-idle kept-alive
+        one, to admit `newcomer`; False when every open connection has work in progress."""
+        victim = self._oldest(READING, newcomer) or self._oldest(("idle",), newcomer)
+        if victim is None:
+            self.count(503)
+            return False
+        victim.loom_close()
+        return True
+
+    def bound_reading(self, entered: AdapterProtocol) -> None:
+        """`entered` started reading a request: over `max_reading`, close the reading connection
+        (another one) whose last progress is oldest."""
+        reading = [c for c in self._open() if c._loom_phase in READING]
+        if len(reading) > self.deadlines.max_reading:
+            victim = self._oldest(READING, entered)
+            if victim is not None:
+                victim.loom_close()
+
 
 class AdapterRunner(web.AppRunner):
     """`web.AppRunner` serving through `AdapterServer`. Refuses an aiohttp outside
     `AIOHTTP_SUPPORTED` when constructed."""
 
     def __init__(self, app: web.Application, *, max_connections: int, refusal: bytes, render_error: ErrorRenderer,
-                 **kwargs: Any) -> None:
+                 deadlines: Deadlines | None = None, count: BelowAppCounter = _no_count, **kwargs: Any) -> None:
         check_aiohttp_version()
         super().__init__(app, **kwargs)
         self._loom_server_options = {"max_connections": max_connections, "refusal": refusal,
-                                     "render_error": render_error}
+                                     "render_error": render_error, "deadlines": deadlines, "count": count}
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()  # the Application's own web.Server, never started
@@ -192,4 +391,4 @@ class AdapterRunner(web.AppRunner):
 
 
 __all__ = ["AIOHTTP_REQUIREMENT", "AIOHTTP_SUPPORTED", "AdapterProtocol", "AdapterRunner", "AdapterServer",
-           "ErrorRenderer", "check_aiohttp_version"]
+           "BelowAppCounter", "Deadlines", "ErrorRenderer", "check_aiohttp_version"]

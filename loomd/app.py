@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from loomd.errors import error_response, loom_error_response, unexpected_error_response
-from loomd.framing import reject_expect
+from loomd.framing import Deadlines, reject_expect
 from loomd.logz import RETAINED, Journal
 from loomd.metrics import Metrics
 from loomrt.errors import LoomError
@@ -27,6 +27,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 DEFAULT_REQUEST_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_CONNECTIONS = 256
+# Slow and stalled peers (docs/operations.md "Slow and stalled clients"; loomd/framing.py).
+DEFAULT_HEADER_TIMEOUT_S = 15.0       # request line and headers, from open or a request's first byte
+DEFAULT_BODY_TIMEOUT_S = 30.0         # a body with no new bytes for this long is cut
+DEFAULT_KEEPALIVE_TIMEOUT_S = 30.0    # an idle kept-alive connection is closed
+DEFAULT_WRITE_STALL_TIMEOUT_S = 60.0  # a response the peer does not read for this long is aborted
+DEFAULT_READING_CONNECTIONS = 64      # connections still reading a request (header or body)
 
 
 @dataclass
@@ -34,8 +40,19 @@ class Settings:
     request_body_bytes: int = DEFAULT_REQUEST_BODY_BYTES
     connections: int = DEFAULT_CONNECTIONS
     log_retention: int = RETAINED        # /logz journal entries kept
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S
+    keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT_S
+    write_stall_timeout: float = DEFAULT_WRITE_STALL_TIMEOUT_S
+    reading_connections: int = DEFAULT_READING_CONNECTIONS
     started: float = field(default_factory=time.time)
     stopping: bool = False
+
+    def deadlines(self) -> Deadlines:
+        """The connection deadlines and reading bound `JsonErrorRunner` enforces for these settings."""
+        return Deadlines(header_timeout=self.header_timeout, body_timeout=self.body_timeout,
+                         keepalive_timeout=self.keepalive_timeout, write_stall_timeout=self.write_stall_timeout,
+                         max_reading=min(self.reading_connections, self.connections))
 
 
 REGISTRY = web.AppKey("registry", Registry)
@@ -82,6 +99,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     return response
 
 
+async def _counted_reject_expect(request: web.Request) -> web.StreamResponse | None:
+    """`reject_expect`, counted: aiohttp runs expect handlers before any middleware."""
+    response = await reject_expect(request)
+    request.app[METRICS].request(_route_name(request), response.status)
+    return response
+
+
 async def _unmatched(request: web.Request) -> web.StreamResponse:
     allowed = [r.method for r in request.app.router.routes()
                if r.resource is not None and r.resource.canonical == request.path and r.method != "*"]
@@ -115,11 +139,11 @@ def make_app(registry: Registry, settings: Settings | None = None) -> web.Applic
     registry.listeners.append(app[JOURNAL].publish_threadsafe)
 
     def add(method: str, path: str, handler: Handler) -> None:
-        app.router.add_route(method, path, handler, expect_handler=reject_expect)
+        app.router.add_route(method, path, handler, expect_handler=_counted_reject_expect)
 
     for module in route_modules():
         module.add_routes(add)
-    app.router.add_route("*", "/{tail:.*}", _unmatched, expect_handler=reject_expect)
+    app.router.add_route("*", "/{tail:.*}", _unmatched, expect_handler=_counted_reject_expect)
 
     async def bind_loop(app: web.Application) -> None:
         app[JOURNAL].bind(asyncio.get_running_loop())

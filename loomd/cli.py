@@ -7,7 +7,10 @@ source checkout loomd was imported from; an installed package has none, and then
 without documents exits naming where it looked (`find_samples`). SIGINT/SIGTERM stop
 admission (`/readyz` turns 503), let accepted work finish (for at most `--grace` seconds,
 then it is aborted at a step boundary), release every registration and exit 0.
-`--log-retention` bounds the `/logz` journal (entries kept).
+`--log-retention` bounds the `/logz` journal (entries kept). The deadlines for slow and
+stalled peers (`--header-timeout`, `--body-timeout`, `--keepalive-timeout`,
+`--write-stall-timeout`) and `--reading-connections` are docs/operations.md's "Slow and
+stalled clients".
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ from pathlib import Path
 import click
 
 from loomd.logz import RETAINED
+
+# Settings' defaults (loomd/app.py), repeated because loomd.app is imported only after the aiohttp
+# check (tests/unit/loomd/test_aiohttp_adapter.py keeps the two equal)
+DEFAULT_HEADER_TIMEOUT_S = 15.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_KEEPALIVE_TIMEOUT_S = 30.0
+DEFAULT_WRITE_STALL_TIMEOUT_S = 60.0
+DEFAULT_READING_CONNECTIONS = 64
 from loomrt.errors import LoomError
 
 SAMPLES_ENV = "LOOM_SAMPLES"
@@ -100,8 +111,8 @@ def bundled_documents(samples: Path) -> list[tuple[Path, str | None]]:
     return out
 
 
-async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], request_body_bytes: int,
-                 connections: int, device_memory: dict, grace: float, log_retention: int) -> None:
+async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], device_memory: dict,
+                 grace: float, settings_fields: dict) -> None:
     from aiohttp import web
 
     from loomd.app import Settings, make_app
@@ -110,10 +121,10 @@ async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple
     from loomrt.registry import Registry
 
     registry = Registry(Devices(device_memory))
-    settings = Settings(request_body_bytes=request_body_bytes, connections=connections, log_retention=log_retention)
+    settings = Settings(**settings_fields)
     app = make_app(registry, settings)
-    runner = JsonErrorRunner(app, handle_signals=False, access_log=None, max_connections=connections,
-                             handler_cancellation=True)
+    runner = JsonErrorRunner(app, handle_signals=False, access_log=None, max_connections=settings.connections,
+                             deadlines=settings.deadlines(), handler_cancellation=True)
     await runner.setup()
     for value in listen or (DEFAULT_LISTEN,):
         host, port = parse_listen(value)
@@ -160,7 +171,26 @@ def main() -> None:
 @click.option("--request_body_bytes", "--request-body-bytes", "request_body_bytes", type=click.IntRange(1),
               default=64 * 1024 * 1024, show_default=True, help="bound on a decoded request body")
 @click.option("--connections", type=click.IntRange(1), default=256, show_default=True,
-              help="open connections served at once; more are answered 503 and closed")
+              help="open connections at once; a new one over it closes the stalled (else longest-idle) "
+                   "connection, or is answered 503 and closed when every connection has work in progress")
+@click.option("--reading-connections", "--reading_connections", "reading_connections", type=click.IntRange(1),
+              default=DEFAULT_READING_CONNECTIONS, show_default=True,
+              help="connections still reading a request (headers or body); over it the one with the oldest "
+                   "progress is closed")
+@click.option("--header-timeout", "--header_timeout", "header_timeout", type=click.FloatRange(0),
+              default=DEFAULT_HEADER_TIMEOUT_S, show_default=True,
+              help="seconds for a request line and headers, from the connection's open or a later request's "
+                   "first byte (0: none)")
+@click.option("--body-timeout", "--body_timeout", "body_timeout", type=click.FloatRange(0),
+              default=DEFAULT_BODY_TIMEOUT_S, show_default=True,
+              help="seconds a request body may go without new bytes before the connection is closed (0: none)")
+@click.option("--keepalive-timeout", "--keepalive_timeout", "keepalive_timeout", type=click.FloatRange(0),
+              default=DEFAULT_KEEPALIVE_TIMEOUT_S, show_default=True,
+              help="seconds a kept-alive connection may stay idle between requests (0: none)")
+@click.option("--write-stall-timeout", "--write_stall_timeout", "write_stall_timeout", type=click.FloatRange(0),
+              default=DEFAULT_WRITE_STALL_TIMEOUT_S, show_default=True,
+              help="seconds a response may wait for a peer that reads none of it before the connection is "
+                   "aborted (0: none)")
 @click.option("--device-memory", "device_memory", multiple=True, help="DEVICE=BYTES memory budget (repeatable)")
 @click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
               help="seconds accepted work may take to finish at shutdown before it is aborted")
@@ -168,7 +198,9 @@ def main() -> None:
               show_default=True, help="log journal entries kept for /logz and /logz/stream; a cursor older "
                                       "than that gets a gap record")
 def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], request_body_bytes: int,
-          connections: int, device_memory: tuple[str, ...], grace: float, log_retention: int) -> None:
+          connections: int, reading_connections: int, header_timeout: float, body_timeout: float,
+          keepalive_timeout: float, write_stall_timeout: float, device_memory: tuple[str, ...], grace: float,
+          log_retention: int) -> None:
     """Serve model documents (default: the bundled samples whose weights are installed) over HTTP."""
     from loomd.aiohttp_adapter import check_aiohttp_version
 
@@ -188,8 +220,11 @@ def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, .
         samples = find_samples(samples, SAMPLES_ENV if source == click.core.ParameterSource.ENVIRONMENT
                                else "--samples")
     try:
-        asyncio.run(_serve(documents, samples, listen, request_body_bytes, connections, budgets, grace,
-                           log_retention))
+        settings_fields = {"request_body_bytes": request_body_bytes, "connections": connections,
+                           "log_retention": log_retention, "header_timeout": header_timeout,
+                           "body_timeout": body_timeout, "keepalive_timeout": keepalive_timeout,
+                           "write_stall_timeout": write_stall_timeout, "reading_connections": reading_connections}
+        asyncio.run(_serve(documents, samples, listen, budgets, grace, settings_fields))
     except OSError as exc:
         click.echo(f"loomd: {exc}", err=True)
         sys.exit(1)

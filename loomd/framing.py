@@ -12,8 +12,21 @@
   client closed its side; a client that closes its side with every body complete has left
   (the connection closes and its handler is cancelled).
 - Errors aiohttp's parser raises below the application (malformed request line, headers or
-  chunk framing) get the same JSON error body through `JsonErrorRunner`.
-- More than `--connections` open connections: the next one gets 503 and is closed.
+  chunk framing) get the same JSON error body through `JsonErrorRunner`, with an HTTP/1.1
+  status line, and are counted in `/metrics` as `loom_http_requests{route="below_app"}`
+  (so is every 503 refusal of a connection).
+- Slow and stalled peers (`Deadlines`): the request line and headers must arrive within
+  `--header-timeout` of the connection's open (or of the first byte of a later request on a
+  kept-alive connection); a body that makes no progress for `--body-timeout` is cut; a
+  kept-alive connection idle for `--keepalive-timeout` is closed; a response the peer does not
+  read for `--write-stall-timeout` is aborted. Each closes the connection without an answer.
+- At most `--reading-connections` connections may still be reading a request (header or
+  body); over it, the one whose last progress is oldest is closed.
+- More than `--connections` open connections: the next one closes the stalled reading
+  connection with the oldest progress (else the longest-idle kept-alive one) and is served;
+  only when every connection has a handler running does it get 503 and is closed. So
+  `/healthz`, `/readyz` and `/metrics` stay answerable while stalled uploads or idle clients
+  hold every slot.
 
 `JsonErrorRunner` says what happens below the application; how it reaches into aiohttp (the
 only code in loomd that uses aiohttp internals, and the aiohttp versions it supports) is
@@ -26,7 +39,7 @@ import json
 
 from aiohttp import web
 
-from loomd.aiohttp_adapter import AdapterRunner
+from loomd.aiohttp_adapter import AdapterRunner, BelowAppCounter, Deadlines
 from loomd.errors import error_body, error_response
 from loomrt.errors import InvalidRequest, LoomError, PayloadTooLarge
 
@@ -91,15 +104,34 @@ def _below_app_error(status: int, text: str) -> web.Response:
                         content_type="application/json")
 
 
+BELOW_APP_ROUTE = "below_app"
+
+
 class JsonErrorRunner(AdapterRunner):
     """An AppRunner whose connections follow the rules of the module docstring: errors below the
-    application as JSON, at most `max_connections` open connections (more get 503 and close).
-    The aiohttp mechanics are `loomd.aiohttp_adapter`'s; constructing one refuses an aiohttp
-    outside `AIOHTTP_SUPPORTED`."""
+    application as JSON, at most `max_connections` open connections, the `deadlines`.
+    `count(status)` is told each response made below the application (`make_app` apps: their
+    `loom_http_requests{route="below_app"}`). The aiohttp mechanics are
+    `loomd.aiohttp_adapter`'s; constructing one refuses an aiohttp outside `AIOHTTP_SUPPORTED`."""
 
-    def __init__(self, app: web.Application, *, max_connections: int = 1 << 30, **kwargs) -> None:
+    def __init__(self, app: web.Application, *, max_connections: int = 1 << 30, deadlines: Deadlines | None = None,
+                 count: BelowAppCounter | None = None, **kwargs) -> None:
         super().__init__(app, max_connections=max_connections, refusal=_busy_response(),
-                         render_error=_below_app_error, **kwargs)
+                         render_error=_below_app_error, deadlines=deadlines,
+                         count=count or _app_counter(app), **kwargs)
 
 
-__all__ = ["JsonErrorRunner", "check_framing", "read_body", "reject_expect"]
+def _app_counter(app: web.Application) -> BelowAppCounter:
+    """Counts into the app's metrics when it has them (a `make_app` app), else nowhere."""
+    from loomd.app import METRICS  # loomd.app imports this module
+
+    metrics = app.get(METRICS)
+
+    def count(status: int) -> None:
+        if metrics is not None:
+            metrics.request(BELOW_APP_ROUTE, status)
+
+    return count
+
+
+__all__ = ["BELOW_APP_ROUTE", "Deadlines", "JsonErrorRunner", "check_framing", "read_body", "reject_expect"]

@@ -18,8 +18,10 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from loomd.aiohttp_adapter import AIOHTTP_REQUIREMENT, AIOHTTP_SUPPORTED, AdapterProtocol, check_aiohttp_version
-from loomd.cli import main
+from loomd.aiohttp_adapter import (AIOHTTP_REQUIREMENT, AIOHTTP_SUPPORTED, AdapterProtocol, Deadlines,
+                                   check_aiohttp_version)
+from loomd.app import Settings
+from loomd.cli import main, serve
 from loomd.framing import JsonErrorRunner, read_body
 
 REPO = Path(__file__).resolve().parents[3]
@@ -92,9 +94,11 @@ class Served:
 
     def __init__(self, path: Path, **kwargs) -> None:
         self.path = path
-        self.kwargs = kwargs
+        self.counted: list[int] = []  # statuses of the responses made below the application
+        self.kwargs = {"count": self.counted.append, **kwargs}
         self.cancelled: list[str] = []
         self.waiting = asyncio.Event()
+        self.release = asyncio.Event()
 
     async def __aenter__(self) -> Served:
         async def echo(request: web.Request) -> web.Response:  # the body's length, read through read_body
@@ -104,14 +108,24 @@ class Served:
                 return web.json_response({"error": str(exc)}, status=400)
             return web.json_response({"length": len(body)})
 
-        async def hold(request: web.Request) -> web.Response:  # waits until cancelled
+        async def hold(request: web.Request) -> web.Response:  # waits until cancelled or released
             self.waiting.set()
             try:
-                await asyncio.sleep(3600)
+                await self.release.wait()
             except asyncio.CancelledError:
                 self.cancelled.append(request.path)
                 raise
             return web.json_response({})
+
+        async def stream(request: web.Request) -> web.StreamResponse:  # 64 KiB blocks until cancelled
+            response = web.StreamResponse()
+            await response.prepare(request)
+            try:
+                while True:
+                    await response.write(b"x" * 65536)
+            except asyncio.CancelledError:
+                self.cancelled.append(request.path)
+                raise
 
         async def refuse(request: web.Request) -> web.Response:  # answers and closes, body unread
             response = web.json_response({"error": "too large"}, status=413)
@@ -122,6 +136,7 @@ class Served:
         app.router.add_post("/echo", echo)
         app.router.add_post("/hold", hold)
         app.router.add_post("/refuse", refuse)
+        app.router.add_get("/stream", stream)
         self.runner = JsonErrorRunner(app, access_log=None, **self.kwargs)
         await self.runner.setup()
         await web.UnixSite(self.runner, str(self.path)).start()
@@ -179,27 +194,175 @@ def test_a_parser_error_is_a_json_400_and_closes(tmp_path):
     async def scenario(served):
         reader, writer = await served.connect()
         writer.write(b"GARBAGE\r\nHost: t\r\n\r\n")
-        [(status, headers, body)] = responses(await read_all(reader))
+        data = await read_all(reader)
+        assert data.startswith(b"HTTP/1.1 400 "), data  # not the HTTP/1.0 of aiohttp's ERROR message
+        [(status, headers, body)] = responses(data)
         assert status == 400 and headers["content-type"].startswith("application/json")
         assert json.loads(body)["error"]["message"].startswith("malformed HTTP request: ")
+        assert served.counted == [400]
         writer.close()
     run(scenario, tmp_path)
 
 
+# ---- deadlines (AdapterProtocol's phases; each test's bound is generous: "it does not hang")
+
+SHORT = 0.5
+
+
+def test_a_request_whose_headers_never_finish_is_closed(tmp_path):
+    async def scenario(served):
+        reader, writer = await served.connect()
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: t\r\n")  # no end of headers
+        assert await read_all(reader) == b""
+        writer.close()
+    run(scenario, tmp_path, deadlines=Deadlines(header_timeout=SHORT))
+
+
+def test_a_connection_that_sends_nothing_is_closed_by_the_header_deadline(tmp_path):
+    async def scenario(served):
+        reader, writer = await served.connect()
+        assert await read_all(reader) == b""
+        writer.close()
+    run(scenario, tmp_path, deadlines=Deadlines(header_timeout=SHORT))
+
+
+def test_a_stalled_body_is_closed_and_its_handler_ends(tmp_path):
+    async def scenario(served):
+        reader, writer = await served.connect()
+        writer.write(post("/echo", b"ab", declared=10))
+        assert await read_all(reader) == b""
+        writer.close()
+    run(scenario, tmp_path, deadlines=Deadlines(body_timeout=SHORT), handler_cancellation=True)
+
+
+def test_a_body_that_keeps_progressing_outlives_the_body_deadline(tmp_path):
+    async def scenario(served):
+        reader, writer = await served.connect()
+        writer.write(post("/echo", b"", declared=6))
+        for _ in range(6):  # one byte every half deadline: 3 deadlines in all
+            await asyncio.sleep(SHORT / 2)
+            writer.write(b"x")
+        [(status, _, body)] = responses(await asyncio.wait_for(reader.readuntil(b"}"), DEADLINE_S))
+        assert (status, json.loads(body)) == (200, {"length": 6})
+        writer.close()
+    run(scenario, tmp_path, deadlines=Deadlines(body_timeout=SHORT))
+
+
+def test_an_idle_kept_alive_connection_is_closed(tmp_path):
+    async def scenario(served):
+        reader, writer = await served.connect()
+        writer.write(post("/echo", b"{}"))
+        data = await read_all(reader)  # the answer, then EOF once it stays idle
+        assert [status for status, _, _ in responses(data)] == [200]
+        writer.close()
+    run(scenario, tmp_path, deadlines=Deadlines(header_timeout=60, keepalive_timeout=SHORT))
+
+
+def test_a_running_handler_is_not_cut_by_the_read_deadlines(tmp_path):
+    async def scenario(served):
+        reader, writer = await served.connect()
+        writer.write(post("/hold", b"{}"))
+        await asyncio.wait_for(served.waiting.wait(), DEADLINE_S)
+        await asyncio.sleep(SHORT * 4)  # past every deadline
+        assert not reader.at_eof() and served.cancelled == []
+        writer.close()
+    run(scenario, tmp_path, deadlines=Deadlines(header_timeout=SHORT, body_timeout=SHORT, keepalive_timeout=SHORT),
+        handler_cancellation=True)
+
+
+def test_reading_connections_over_their_bound_close_the_oldest(tmp_path):
+    async def scenario(served):
+        first_reader, first = await served.connect()
+        first.write(post("/echo", b"a", declared=10))
+        await first.drain()
+        _, second = await served.connect()
+        second.write(post("/echo", b"b", declared=10))
+        await second.drain()
+        assert await read_all(first_reader) == b""  # the oldest progress is the first's
+        second.write(b"x" * 9)
+        for w in (first, second):
+            w.close()
+    run(scenario, tmp_path, deadlines=Deadlines(max_reading=1))
+
+
+def test_a_reader_that_stops_reading_a_stream_is_cut_after_the_write_stall(tmp_path):
+    """asyncio's pause_writing/resume_writing."""
+    async def scenario(served):
+        reader, writer = await served.connect()
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE_S)  # then reads nothing more
+        for _ in range(int(3 * DEADLINE_S / 0.05)):
+            if served.cancelled:
+                break
+            await asyncio.sleep(0.05)  # poll; bounded by the loop count
+        assert served.cancelled == ["/stream"]
+        writer.close()
+    run(scenario, tmp_path, deadlines=Deadlines(write_stall_timeout=SHORT), handler_cancellation=True)
+
+
+def test_serve_defaults_are_the_settings_defaults():
+    defaults = {p.name: p.default for p in serve.params}
+    settings = Settings()
+    for name in ("connections", "reading_connections", "header_timeout", "body_timeout", "keepalive_timeout",
+                 "write_stall_timeout", "request_body_bytes", "log_retention"):
+        assert defaults[name] == getattr(settings, name), name
+
+
 @pytest.mark.parametrize("cancellation", [True, False])
 def test_connections_over_the_bound_get_503_and_close(tmp_path, cancellation):
-    """RequestHandler.connection_made; `Server.connections` counts the served ones."""
+    """RequestHandler.connection_made; `Server.connections` counts the served ones. The held
+    connection has a handler running, so no room can be made."""
+    async def scenario(served):
+        _, held = await served.connect()
+        held.write(post("/hold", b"{}"))
+        await asyncio.wait_for(served.waiting.wait(), DEADLINE_S)
+        reader, writer = await served.connect()
+        [(status, headers, body)] = responses(await read_all(reader))  # answered without a request
+        assert status == 503 and headers["connection"].lower() == "close"
+        assert json.loads(body)["error"]["code"] == "unavailable"
+        assert served.counted == [503]
+        served.release.set()
+        writer.close()
+        held.close()
+    run(scenario, tmp_path, max_connections=1, handler_cancellation=cancellation)
+
+
+def test_a_connection_over_the_bound_closes_the_idle_kept_alive_one(tmp_path):
+    """`AdapterServer.make_room`: the kept-alive connection (phase `idle`) makes room."""
     async def scenario(served):
         held_reader, held = await served.connect()
         held.write(post("/echo", b"{}"))
         await asyncio.wait_for(held_reader.readuntil(b"\r\n\r\n"), DEADLINE_S)
         reader, writer = await served.connect()
-        [(status, headers, body)] = responses(await read_all(reader))  # answered without a request
-        assert status == 503 and headers["connection"].lower() == "close"
-        assert json.loads(body)["error"]["code"] == "unavailable"
+        writer.write(post("/echo", b"abc") )
+        [(status, _, body)] = responses(await asyncio.wait_for(reader.readuntil(b"}"), DEADLINE_S))
+        assert (status, json.loads(body)) == (200, {"length": 3})
+        await asyncio.wait_for(held_reader.read(), DEADLINE_S)  # the rest of its answer, then EOF
+        assert held_reader.at_eof()
         writer.close()
         held.close()
-    run(scenario, tmp_path, max_connections=1, handler_cancellation=cancellation)
+    run(scenario, tmp_path, max_connections=1)
+
+
+def test_a_connection_over_the_bound_closes_the_stalled_reading_one(tmp_path):
+    """`AdapterServer.make_room` prefers a connection still reading its request over an idle one."""
+    async def scenario(served):
+        idle_reader, idle = await served.connect()
+        idle.write(post("/echo", b"{}"))
+        await asyncio.wait_for(idle_reader.readuntil(b"}"), DEADLINE_S)  # its whole answer
+        stalled_reader, stalled = await served.connect()
+        stalled.write(post("/echo", b"ab", declared=10))   # the rest never comes
+        await stalled.drain()
+        reader, writer = await served.connect()
+        writer.write(post("/echo", b"abc"))
+        [(status, _, _)] = responses(await asyncio.wait_for(reader.readuntil(b"}"), DEADLINE_S))
+        assert status == 200
+        assert await read_all(stalled_reader) == b""
+        idle.write(post("/echo", b"x"))  # the idle one was kept
+        assert b"200 OK" in await asyncio.wait_for(idle_reader.readuntil(b"}"), DEADLINE_S)
+        for w in (writer, stalled, idle):
+            w.close()
+    run(scenario, tmp_path, max_connections=2)
 
 
 @pytest.mark.parametrize("cut", [0, 2])
