@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from loomd_process import REPO, Daemon, Response, read_response
+from prometheus_client.parser import text_string_to_metric_families
 from mini_package import MINI, mini_document, mini_weights
 
 BODY_LIMIT = 1000
@@ -225,6 +226,50 @@ def test_malformed_header_line_is_a_json_400(daemon):
     assert_error(daemon.raw(b"GET /healthz HTTP/1.1\r\nHost loom\r\n\r\n"), 400)
 
 
+# ---------------------------------------------------------------- rejections below the application
+
+def below_app_counts(server: Daemon) -> dict[str, float]:
+    """{status: count} of `loom_http_requests_total{route="below_app"}` from `/metrics`."""
+    response = server.request("GET", "/metrics", check_health=False)
+    assert response.status == 200, response.body
+    counts = {}
+    for family in text_string_to_metric_families(response.body.decode()):
+        for sample in family.samples:
+            if sample.name == "loom_http_requests_total" and sample.labels["route"] == "below_app":
+                counts[sample.labels["status"]] = sample.value
+    return counts
+
+
+def route_count(server: Daemon, route: str, status: str) -> float:
+    text = server.request("GET", "/metrics").body.decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "loom_http_requests_total" and s.labels == {"route": route, "status": status})
+
+
+@pytest.mark.parametrize("raw", [
+    b"GARBAGE\r\nHost: loom\r\n\r\n",                                        # request line
+    b"GET /healthz HTTP/1.1\r\nHost loom\r\n\r\n",                           # header line
+    chunked_request("/v1/models/undrain", b"").split(b"\r\n\r\n")[0] + b"\r\n\r\nzz\r\n",  # chunk framing
+    cl_request("/v1/models/undrain", UNDRAIN, "Transfer-Encoding: chunked"),    # both framings
+], ids=["request-line", "header-line", "chunk-framing", "both-framings"])
+def test_a_parser_rejection_is_an_http_1_1_json_400_and_is_counted(daemon, raw):
+    before = below_app_counts(daemon).get("400", 0)
+    with daemon.connect(timeout=CLOSE_S) as s:
+        s.sendall(raw)
+        data = read_until_close(s)
+    assert data.startswith(b"HTTP/1.1 400 "), data
+    assert_error(parse_one(data), 400)
+    daemon.assert_healthy()
+    assert below_app_counts(daemon).get("400", 0) == before + 1
+
+
+def test_an_expect_refusal_is_counted_for_its_route(daemon):
+    before = route_count(daemon, "/healthz", "417")
+    raw = b"GET /healthz HTTP/1.1\r\nHost: loom\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
+    assert_error(daemon.raw(raw), 417, "expectation_failed")
+    assert route_count(daemon, "/healthz", "417") == before + 1
+
+
 # ---------------------------------------------------------------- Expect
 
 @pytest.mark.parametrize("case", [
@@ -311,26 +356,60 @@ def test_multipart_upload_has_no_exception_from_the_limit(small_daemon, tmp_path
 
 # ---------------------------------------------------------------- connection bound
 
+def open_log_stream(server: Daemon, unix: bool) -> socket.socket:
+    """A `GET /logz/stream` whose head was read: its handler keeps running until the socket closes."""
+    s = server.connect(unix=unix, timeout=30)
+    s.sendall(b"GET /logz/stream HTTP/1.1\r\nHost: loom\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(65536)
+        assert chunk, head
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    return s
+
+
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
 def test_connections_over_the_bound_get_503_and_close(narrow_daemon, unix):
+    """Every open connection has a handler running (two log streams): no room can be made."""
     healthz_eventually(narrow_daemon)  # earlier tests' sockets are gone
+    before = below_app_counts(narrow_daemon).get("503", 0)
     held = []
     try:
-        for _ in range(2):  # two open connections, each served once and left idle (keep-alive)
-            s = narrow_daemon.connect(unix=unix, timeout=30)
-            held.append(s)
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: loom\r\n\r\n")
-            assert read_response(s).status == 200
+        for _ in range(2):
+            held.append(open_log_stream(narrow_daemon, unix))
         with narrow_daemon.connect(unix=unix, timeout=CLOSE_S) as third:
             data = read_until_close(third)  # answered without a request, then closed
         assert_error(parse_one(data), 503, "unavailable")
-        # the held connections are still served
-        held[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: loom\r\n\r\n")
-        assert read_response(held[0]).status == 200
     finally:
         for s in held:
             s.close()
     healthz_eventually(narrow_daemon)  # once the server sees them closed, a new connection is served
+    # counted (so may be refusals of healthz_eventually's probes while the streams were closing)
+    assert below_app_counts(narrow_daemon).get("503", 0) >= before + 1
+
+
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_a_new_connection_over_the_bound_closes_the_longest_idle_one(narrow_daemon, unix):
+    """Two kept-alive connections, each served once and left idle: a third is served, and the
+    one idle the longest is closed to make room (its client would reconnect)."""
+    healthz_eventually(narrow_daemon)
+    held = []
+    try:
+        for _ in range(2):
+            s = narrow_daemon.connect(unix=unix, timeout=30)
+            held.append(s)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: loom\r\n\r\n")
+            assert read_response(s).status == 200
+        assert narrow_daemon.request("GET", "/healthz", unix=unix, check_health=False).status == 200
+        held[0].settimeout(CLOSE_S)
+        assert read_until_close(held[0]) == b""          # the longest idle was closed
+        held[1].sendall(b"GET /healthz HTTP/1.1\r\nHost: loom\r\n\r\n")
+        assert read_response(held[1]).status == 200     # the other one is still served
+    finally:
+        for s in held:
+            s.close()
+    healthz_eventually(narrow_daemon)
 
 
 # ---------------------------------------------------------------- multipart uploads
