@@ -58,19 +58,23 @@ Un-underscored but undocumented aiohttp names this module relies on (aiohttp exp
   its high-water mark.
 
 Deadlines and the connection bound (`Deadlines`, `AdapterServer`). Each connection is in one
-phase: `header` (from the connection's open, or the first byte of a request on a kept-alive
-connection, until its request line and headers are complete: `header_timeout`, absolute),
-`body` (a declared body not yet complete: `body_timeout` since the last bytes arrived, not
-counted while the transport is paused because the server is not reading), `busy` (a handler
-runs or a request waits for one: no read deadline) or `idle` (kept alive between requests:
-`keepalive_timeout`). A deadline that passes closes the connection without a response (the
-peer stopped sending, and a handler may already have started one). While the transport
-cannot take more output, `write_stall_timeout` runs; when it passes the connection is
-aborted (a reader that stopped reading gets no graceful close, which would wait for it).
-Connections in the `header`/`body` phases are bounded by `max_reading`; over it the one
-whose last progress is oldest is closed. A new connection over `max_connections` closes the
-stalled reading connection with the oldest progress, else the longest-idle kept-alive one;
-only when every connection has a handler running does it get the `refusal` (503).
+phase: `new` (open, nothing received yet) and then `header` (until its request line and
+headers are complete; `header_timeout` from the open, or from the first byte of a later
+request on a kept-alive connection, absolute), `body` (a declared body not yet complete:
+`body_timeout` since the last bytes arrived, not counted while the transport is paused
+because the server is not reading), `busy` (a handler runs or a request waits for one: no
+read deadline) or `idle` (kept alive between requests: `keepalive_timeout`). A deadline that
+passes closes the connection without a response (the peer stopped sending, and a handler may
+already have started one). While the transport cannot take more output,
+`write_stall_timeout` runs; when it passes the connection is aborted (a reader that stopped
+reading gets no graceful close, which would wait for it).
+Connections in the `header`/`body` phases (they sent part of a request) are bounded by
+`max_reading`; over it the one whose last progress is oldest is closed. A `new` connection is
+not counted there: a burst of connections whose requests have not been read yet is not a
+stall. A new connection over `max_connections` closes the reading connection with the oldest
+progress, else the longest-idle kept-alive one, else one that has sent nothing for
+`SILENT_AFTER_S`; only when every connection has a handler running (or has just opened) does
+it get the `refusal` (503).
 """
 
 from __future__ import annotations
@@ -111,6 +115,9 @@ def check_aiohttp_version(version: str | None = None) -> None:
 ErrorRenderer = Callable[[int, str], web.StreamResponse]
 
 READING = ("header", "body")
+#: A connection that has sent nothing may be closed to make room once it has been open this long
+#: (a client sends its request as soon as it connects; a burst of new connections is not stalled).
+SILENT_AFTER_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,7 @@ class AdapterProtocol(web.RequestHandler):
             self._loom_phase = "closed"
             return  # aiohttp never registers this connection
         super().connection_made(transport)
-        self._loom_enter("header", server.deadlines.header_timeout)
+        self._loom_enter("new", server.deadlines.header_timeout)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._loom_phase = "closed"
@@ -164,22 +171,26 @@ class AdapterProtocol(web.RequestHandler):
                 timer.cancel()
         self._loom_timer = self._loom_write_timer = None
 
-    def _loom_enter(self, phase: str, timeout: float) -> None:
-        """Start `phase` now, with a deadline `timeout` seconds away (none if 0)."""
+    def _loom_enter(self, phase: str, timeout: float, *, keep_deadline: bool = False) -> None:
+        """Start `phase` now, with a deadline `timeout` seconds away (none if 0), or under the
+        deadline already running (`keep_deadline`). Entering a phase always ends the previous
+        phase's deadline otherwise, so a deadline that fires is the current phase's."""
         was_reading = self._loom_phase in READING
         self._loom_phase = phase
         self._loom_progress = self._loop.time()
-        if self._loom_timer is not None:
-            self._loom_timer.cancel()
-            self._loom_timer = None
-        if timeout > 0:
-            self._loom_timer = self._loop.call_later(timeout, self._loom_expired, phase)
+        if not keep_deadline:
+            if self._loom_timer is not None:
+                self._loom_timer.cancel()
+                self._loom_timer = None
+            if timeout > 0:
+                self._loom_timer = self._loop.call_later(timeout, self._loom_expired)
         if phase in READING and not was_reading:
             self._loom_server.bound_reading(self)
 
-    def _loom_expired(self, phase: str) -> None:
+    def _loom_expired(self) -> None:
         self._loom_timer = None
-        if self._loom_phase != phase or self.transport is None:
+        phase = self._loom_phase
+        if phase == "closed" or self.transport is None:
             return
         if phase == "body":
             idle_for = self._loop.time() - self._loom_progress
@@ -187,7 +198,7 @@ class AdapterProtocol(web.RequestHandler):
             reading = getattr(self.transport, "is_reading", lambda: True)()
             if not reading or idle_for < timeout:  # the server paused reading, or progress since
                 self._loom_timer = self._loop.call_later(max(timeout - idle_for, 0.0) if reading else timeout,
-                                                         self._loom_expired, phase)
+                                                         self._loom_expired)
                 if not reading:
                     self._loom_progress = self._loop.time()
                 return
@@ -207,7 +218,10 @@ class AdapterProtocol(web.RequestHandler):
             self._loom_enter("idle", self._loom_server.deadlines.keepalive_timeout)
 
     def data_received(self, data: bytes) -> None:
-        if self._loom_phase in ("idle", "busy") and data and not self._loom_handling and not self._messages:
+        if data and self._loom_phase == "new":  # its header deadline runs from the open
+            self._loom_enter("header", 0.0, keep_deadline=True)
+        elif data and (self._loom_phase == "idle"
+                       or (self._loom_phase == "busy" and not self._loom_handling and not self._messages)):
             self._loom_enter("header", self._loom_server.deadlines.header_timeout)
         queued = len(self._messages)
         super().data_received(data)
@@ -354,8 +368,13 @@ class AdapterServer(web.Server):
 
     def make_room(self, newcomer: AdapterProtocol) -> bool:
         """Close the reading connection with the oldest progress, else the longest-idle kept-alive
-        one, to admit `newcomer`; False when every open connection has work in progress."""
+        one, else one that has sent nothing for `SILENT_AFTER_S`, to admit `newcomer`; False when
+        every open connection has work in progress or has only just opened."""
         victim = self._oldest(READING, newcomer) or self._oldest(("idle",), newcomer)
+        if victim is None:
+            silent = self._oldest(("new",), newcomer)
+            if silent is not None and self._loom_loop.time() - silent._loom_progress >= SILENT_AFTER_S:
+                victim = silent
         if victim is None:
             self.count(503)
             return False
@@ -390,5 +409,5 @@ class AdapterRunner(web.AppRunner):
                              **server._kwargs)
 
 
-__all__ = ["AIOHTTP_REQUIREMENT", "AIOHTTP_SUPPORTED", "AdapterProtocol", "AdapterRunner", "AdapterServer",
-           "BelowAppCounter", "Deadlines", "ErrorRenderer", "check_aiohttp_version"]
+__all__ = ["AIOHTTP_REQUIREMENT", "AIOHTTP_SUPPORTED", "SILENT_AFTER_S", "AdapterProtocol", "AdapterRunner",
+           "AdapterServer", "BelowAppCounter", "Deadlines", "ErrorRenderer", "check_aiohttp_version"]

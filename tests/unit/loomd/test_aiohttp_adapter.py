@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from loomd.aiohttp_adapter import (AIOHTTP_REQUIREMENT, AIOHTTP_SUPPORTED, AdapterProtocol, Deadlines,
-                                   check_aiohttp_version)
+from loomd.aiohttp_adapter import (AIOHTTP_REQUIREMENT, AIOHTTP_SUPPORTED, SILENT_AFTER_S, AdapterProtocol,
+                                   Deadlines, check_aiohttp_version)
 from loomd.app import Settings
 from loomd.cli import main, serve
 from loomd.framing import JsonErrorRunner, read_body
@@ -172,6 +172,15 @@ def post(path: str, body: bytes, declared: int | None = None) -> bytes:
             f"Content-Length: {len(body) if declared is None else declared}\r\n\r\n").encode() + body
 
 
+async def wait_phases(served: Served, phases: list[str]) -> None:
+    """Wait until the server's open connections are in `phases` (in the order they opened)."""
+    for _ in range(int(DEADLINE_S / 0.01)):
+        if [c._loom_phase for c in served.runner.server.connections] == phases:
+            return
+        await asyncio.sleep(0.01)  # poll; bounded by the loop count
+    raise AssertionError([c._loom_phase for c in served.runner.server.connections])
+
+
 def run(scenario, tmp_path: Path, **kwargs) -> None:
     async def main_():
         async with Served(tmp_path / "s.sock", **kwargs) as served:
@@ -216,6 +225,25 @@ def test_a_request_whose_headers_never_finish_is_closed(tmp_path):
         assert await read_all(reader) == b""
         writer.close()
     run(scenario, tmp_path, deadlines=Deadlines(header_timeout=SHORT))
+
+
+def test_a_connection_over_the_bound_closes_one_that_sent_nothing_only_after_a_while(tmp_path):
+    """`SILENT_AFTER_S`: a just-opened connection is not taken for a stalled one."""
+    async def scenario(served):
+        silent_reader, silent = await served.connect()
+        await wait_phases(served, ["new"])
+        reader, writer = await served.connect()
+        [(status, _, _)] = responses(await read_all(reader))
+        assert status == 503
+        await asyncio.sleep(SILENT_AFTER_S)  # now it has been silent long enough (an order, not a bound)
+        reader, writer = await served.connect()
+        writer.write(post("/echo", b"abc"))
+        [(status, _, _)] = responses(await asyncio.wait_for(reader.readuntil(b"}"), DEADLINE_S))
+        assert status == 200
+        assert await read_all(silent_reader) == b""
+        for w in (writer, silent):
+            w.close()
+    run(scenario, tmp_path, max_connections=1)
 
 
 def test_a_connection_that_sends_nothing_is_closed_by_the_header_deadline(tmp_path):
@@ -274,10 +302,10 @@ def test_reading_connections_over_their_bound_close_the_oldest(tmp_path):
     async def scenario(served):
         first_reader, first = await served.connect()
         first.write(post("/echo", b"a", declared=10))
-        await first.drain()
+        await wait_phases(served, ["body"])
         _, second = await served.connect()
+        await wait_phases(served, ["body", "new"])  # a connection that sent nothing is not reading yet
         second.write(post("/echo", b"b", declared=10))
-        await second.drain()
         assert await read_all(first_reader) == b""  # the oldest progress is the first's
         second.write(b"x" * 9)
         for w in (first, second):
@@ -352,7 +380,7 @@ def test_a_connection_over_the_bound_closes_the_stalled_reading_one(tmp_path):
         await asyncio.wait_for(idle_reader.readuntil(b"}"), DEADLINE_S)  # its whole answer
         stalled_reader, stalled = await served.connect()
         stalled.write(post("/echo", b"ab", declared=10))   # the rest never comes
-        await stalled.drain()
+        await wait_phases(served, ["idle", "body"])
         reader, writer = await served.connect()
         writer.write(post("/echo", b"abc"))
         [(status, _, _)] = responses(await asyncio.wait_for(reader.readuntil(b"}"), DEADLINE_S))
