@@ -32,7 +32,8 @@ Un-underscored but undocumented aiohttp names this module relies on (aiohttp exp
   - `handle_error(request, status, exc, message)`: the errors aiohttp's parser raises below
     the application (malformed request line, headers, chunk framing) are rendered there as
     text/plain or HTML; no middleware or signal sees those requests;
-  - `finish_response(request, resp, start_time)`: after a response that ends the connection
+  - `finish_response(request, resp, start_time)` (also where a connection's handler is known
+    to be done, for the deadlines' phases): after a response that ends the connection
     while the body is unread or broken (413, 417, a truncated body) it calls `force_close()`,
     so aiohttp does not linger reading the body for up to `lingering_time` (10 s, holding a
     `--connections` slot and logging a broken body as "Unhandled exception"). The documented
@@ -43,8 +44,10 @@ Un-underscored but undocumented aiohttp names this module relies on (aiohttp exp
     half-close with every body complete is a client that left: close, and the handler is
     cancelled; with a body cut short, fail that body and keep our side open to answer 400).
 - `web.Server`'s `request_handler`, `request_factory`, `handler_cancellation` and
-  `connections` attributes, and the request factory's call
-  `(message, payload, protocol, writer, task)`.
+  `connections` attributes (the registered connections, scanned for the bounds), and the
+  request factory's call `(message, payload, protocol, writer, task)` (where a handler starts).
+- asyncio's `Transport.is_reading()` (public asyncio API, on aiohttp's transport): a body
+  deadline does not count time during which aiohttp paused reading.
 - `StreamReader.set_exception()` (with the documented `is_eof()` and `exception()`).
 - `aiohttp.web_protocol.ERROR`, the request message aiohttp's parser errors are handled
   under (an HTTP/1.0 `RawRequestMessage`, so their responses would say `HTTP/1.0`): the

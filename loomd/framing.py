@@ -20,13 +20,13 @@
   kept-alive connection); a body that makes no progress for `--body-timeout` is cut; a
   kept-alive connection idle for `--keepalive-timeout` is closed; a response the peer does not
   read for `--write-stall-timeout` is aborted. Each closes the connection without an answer.
-- At most `--reading-connections` connections may still be reading a request (header or
-  body); over it, the one whose last progress is oldest is closed.
-- More than `--connections` open connections: the next one closes the stalled reading
-  connection with the oldest progress (else the longest-idle kept-alive one) and is served;
-  only when every connection has a handler running does it get 503 and is closed. So
-  `/healthz`, `/readyz` and `/metrics` stay answerable while stalled uploads or idle clients
-  hold every slot.
+- At most `--reading-connections` connections may have sent part of a request and still be
+  reading it (header or body); over it, the one whose last progress is oldest is closed.
+- More than `--connections` open connections: the next one closes the reading connection
+  with the oldest progress (else the longest-idle kept-alive one, else one silent for a
+  second) and is served; only when every connection has a handler running (or just opened)
+  does it get 503 and is closed. So `/healthz`, `/readyz` and `/metrics` stay answerable
+  while stalled uploads or idle clients hold every slot.
 
 `JsonErrorRunner` says what happens below the application; how it reaches into aiohttp (the
 only code in loomd that uses aiohttp internals, and the aiohttp versions it supports) is
