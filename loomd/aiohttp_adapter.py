@@ -126,12 +126,14 @@ SILENT_AFTER_S = 1.0
 @dataclass(frozen=True)
 class Deadlines:
     """Seconds each phase of a connection may last without progress (module docstring); 0 turns
-    one off. `max_reading` bounds the connections in the header/body phases."""
+    one off. `max_reading` bounds the connections in the header/body phases; a connection that
+    has sent nothing may make room for a new one after `silent_after`."""
     header_timeout: float = 0.0
     body_timeout: float = 0.0
     keepalive_timeout: float = 0.0
     write_stall_timeout: float = 0.0
     max_reading: int = 1 << 30
+    silent_after: float = SILENT_AFTER_S
 
 
 class AdapterProtocol(web.RequestHandler):
@@ -371,12 +373,12 @@ class AdapterServer(web.Server):
 
     def make_room(self, newcomer: AdapterProtocol) -> bool:
         """Close the reading connection with the oldest progress, else the longest-idle kept-alive
-        one, else one that has sent nothing for `SILENT_AFTER_S`, to admit `newcomer`; False when
+        one, else one that has sent nothing for `deadlines.silent_after`, to admit `newcomer`; False when
         every open connection has work in progress or has only just opened."""
         victim = self._oldest(READING, newcomer) or self._oldest(("idle",), newcomer)
         if victim is None:
             silent = self._oldest(("new",), newcomer)
-            if silent is not None and self._loom_loop.time() - silent._loom_progress >= SILENT_AFTER_S:
+            if silent is not None and self._loom_loop.time() - silent._loom_progress >= self.deadlines.silent_after:
                 victim = silent
         if victim is None:
             self.count(503)

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from loomd.aiohttp_adapter import (AIOHTTP_REQUIREMENT, AIOHTTP_SUPPORTED, SILENT_AFTER_S, AdapterProtocol,
-                                   Deadlines, check_aiohttp_version)
+from loomd.aiohttp_adapter import (AIOHTTP_REQUIREMENT, AIOHTTP_SUPPORTED, AdapterProtocol, Deadlines,
+                                   check_aiohttp_version)
 from loomd.app import Settings
 from loomd.cli import main, serve
 from loomd.framing import JsonErrorRunner, read_body
@@ -216,6 +216,7 @@ def test_a_parser_error_is_a_json_400_and_closes(tmp_path):
 # ---- deadlines (AdapterProtocol's phases; each test's bound is generous: "it does not hang")
 
 SHORT = 0.5
+PROGRESSING = 1.0
 
 
 def test_a_request_whose_headers_never_finish_is_closed(tmp_path):
@@ -227,15 +228,24 @@ def test_a_request_whose_headers_never_finish_is_closed(tmp_path):
     run(scenario, tmp_path, deadlines=Deadlines(header_timeout=SHORT))
 
 
-def test_a_connection_over_the_bound_closes_one_that_sent_nothing_only_after_a_while(tmp_path):
-    """`SILENT_AFTER_S`: a just-opened connection is not taken for a stalled one."""
+def test_a_just_opened_connection_that_sent_nothing_is_not_closed_to_make_room(tmp_path):
+    """`Deadlines.silent_after`: a burst of new connections is not taken for stalled ones."""
     async def scenario(served):
-        silent_reader, silent = await served.connect()
+        _, silent = await served.connect()
         await wait_phases(served, ["new"])
         reader, writer = await served.connect()
         [(status, _, _)] = responses(await read_all(reader))
         assert status == 503
-        await asyncio.sleep(SILENT_AFTER_S)  # now it has been silent long enough (an order, not a bound)
+        for w in (writer, silent):
+            w.close()
+    run(scenario, tmp_path, max_connections=1, deadlines=Deadlines(silent_after=60))
+
+
+def test_a_connection_silent_for_a_while_is_closed_to_make_room(tmp_path):
+    async def scenario(served):
+        silent_reader, silent = await served.connect()
+        await wait_phases(served, ["new"])
+        await asyncio.sleep(SHORT)  # past silent_after (an order, not a bound)
         reader, writer = await served.connect()
         writer.write(post("/echo", b"abc"))
         [(status, _, _)] = responses(await asyncio.wait_for(reader.readuntil(b"}"), DEADLINE_S))
@@ -243,7 +253,7 @@ def test_a_connection_over_the_bound_closes_one_that_sent_nothing_only_after_a_w
         assert await read_all(silent_reader) == b""
         for w in (writer, silent):
             w.close()
-    run(scenario, tmp_path, max_connections=1)
+    run(scenario, tmp_path, max_connections=1, deadlines=Deadlines(silent_after=SHORT / 2))
 
 
 def test_a_connection_that_sends_nothing_is_closed_by_the_header_deadline(tmp_path):
@@ -266,14 +276,14 @@ def test_a_stalled_body_is_closed_and_its_handler_ends(tmp_path):
 def test_a_body_that_keeps_progressing_outlives_the_body_deadline(tmp_path):
     async def scenario(served):
         reader, writer = await served.connect()
-        writer.write(post("/echo", b"", declared=6))
-        for _ in range(6):  # one byte every half deadline: 3 deadlines in all
-            await asyncio.sleep(SHORT / 2)
+        writer.write(post("/echo", b"", declared=8))
+        for _ in range(8):  # one byte every fifth of the deadline (room for a loaded machine): 1.6 deadlines
+            await asyncio.sleep(PROGRESSING / 5)
             writer.write(b"x")
         [(status, _, body)] = responses(await asyncio.wait_for(reader.readuntil(b"}"), DEADLINE_S))
-        assert (status, json.loads(body)) == (200, {"length": 6})
+        assert (status, json.loads(body)) == (200, {"length": 8})
         writer.close()
-    run(scenario, tmp_path, deadlines=Deadlines(body_timeout=SHORT))
+    run(scenario, tmp_path, deadlines=Deadlines(body_timeout=PROGRESSING))
 
 
 def test_an_idle_kept_alive_connection_is_closed(tmp_path):
