@@ -2,14 +2,17 @@
 
 docs/operations.md "Slow and stalled clients": the request headers must arrive within
 `--header-timeout`, a body that stops progressing is cut after `--body-timeout`, a kept-alive
-connection idle for `--keepalive-timeout` is closed (each without an answer), and connections
-still reading a request never lock out new ones. The daemon runs with 2 s deadlines and the
+connection idle for `--keepalive-timeout` is closed (each without an answer), a response the
+client stops reading is cut after `--write-stall-timeout`, and connections still reading a
+request never lock out new ones. The daemon runs with 2 s deadlines and the
 default connection bounds (256 open, 64 reading), as in issue 23's report: 300 connections
 that send headers and part of a body, then stall. Every wait has a generous bound
 (`CLOSED_WITHIN_S`): the tests check that nothing hangs, not how fast it goes."""
 
 from __future__ import annotations
 
+import json
+import select
 import socket
 
 import pytest
@@ -32,7 +35,7 @@ def scout(tmp_path_factory):
     """Scout sized as test_chat_scout's (its compiled kernels are reused), with 2 s deadlines."""
     server = start_scout(tmp_path_factory.mktemp("slow"), rows=4, context_length=512, max_output_tokens=64,
                          extra_args=("--header-timeout", str(DEADLINE_S), "--body-timeout", str(DEADLINE_S),
-                                     "--keepalive-timeout", str(DEADLINE_S)))
+                                     "--keepalive-timeout", str(DEADLINE_S), "--write-stall-timeout", str(DEADLINE_S)))
     try:
         # the first completions compile their kernels: not what these tests are about
         assert chat(server, HI, timeout=CHAT_WITHIN_S).status == 200
@@ -92,3 +95,25 @@ def test_an_idle_kept_alive_connection_is_closed(scout: Daemon):
     assert head.startswith(b"HTTP/1.1 200 "), data
     assert body == b'{"status": "ready"}', data
     scout.assert_healthy()
+
+
+def test_a_client_that_stops_reading_a_response_is_cut_after_the_write_stall(scout: Daemon):
+    """A 1 MB answer (the tokens of 1 MB of text) to a client that reads none of it. Over the Unix
+    listener the kernel buffers about 200 KB, so the rest waits in the server, which aborts the
+    connection once nothing has drained for `--write-stall-timeout` (over TCP on loopback the
+    kernel may buffer megabytes first: the same deadline starts later)."""
+    text = "hello world " * 87_000  # under /tokenize's bounds (1 MiB of text, 262,144 tokens)
+    body = json.dumps({"model": "scout", "content": text}).encode()
+    with scout.connect(unix=True, timeout=CLOSED_WITHIN_S) as s:
+        s.sendall(b"POST /tokenize HTTP/1.1\r\nHost: loom\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        poll = select.poll()
+        poll.register(s, select.POLLRDHUP)  # the server's end closed, seen without reading
+        assert poll.poll(CLOSED_WITHIN_S * 1000), f"the connection was not cut within {CLOSED_WITHIN_S} s"
+        data = closed_by_server(s)
+    head, _, received = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    headers = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    declared = int(headers[b"Content-Length"])
+    assert len(received) < declared, (len(received), declared)  # cut, not completed
+    scout.assert_healthy(unix=True)
