@@ -43,6 +43,7 @@ _TOP: dict[str, tuple[str, ...]] = {
     "checkpoint": _ALL, "assets": _ALL, "base_directory": _ALL, "admission": _ALL, "device": _ALL,
     "config": _ALL, "rows": (*_ROWS, "recognition"), "context_length": _ROWS, "limits": ("text",), "pool_capacity": (*_ROWS, "decision"),
     "pending_capacity": _ALL, "variant_capacity": _VARIANTS, "checkpoint_capacity": _ROWS,
+    "checkpoint_backing": _ROWS,
     "session_cache_capacity": ("text",), "prefix_cache_capacity": ("text",), "components": ("text", "speech"),
     "loras": ("image",), "voices": ("speech",), "width": ("image",), "height": ("image",),
 }
@@ -124,6 +125,7 @@ class ModelDocument:
     pending_capacity: int = DEFAULT_PENDING_CAPACITY
     variant_capacity: int = 0
     checkpoint_capacity: int = DEFAULT_CHECKPOINT_CAPACITY
+    checkpoint_backing: Literal["elastic", "fixed"] = "elastic"   # where pins may live (loomrt/pins.py)
     session_cache_capacity: int = 0
     prefix_cache_capacity: int = 0
     components: Mapping[str, ExtraComponent] = field(default_factory=lambda: MappingProxyType({}))
@@ -306,6 +308,11 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
     out["variant_capacity"] = capacity("variant_capacity", MAX_VARIANT_CAPACITY, 0)
     out["checkpoint_capacity"] = capacity("checkpoint_capacity", MAX_CHECKPOINT_CAPACITY,
                                           DEFAULT_CHECKPOINT_CAPACITY)
+    if "checkpoint_backing" in doc:
+        backing = _string("checkpoint_backing", doc["checkpoint_backing"])
+        if backing not in ("elastic", "fixed"):
+            raise _fail("checkpoint_backing", f"expected \"elastic\" or \"fixed\", got {_shown(backing)}")
+        out["checkpoint_backing"] = backing
     if kind in _ROWS:
         _rows_fields(doc, kind, out)
     elif kind == "recognition":    # windows decoded at once, each with its encoding in per-row state

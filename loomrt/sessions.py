@@ -147,23 +147,30 @@ class HistoryStore:
                 return False
         return True
 
-    def restore(self, h: Any, pages: list[int], positions: int) -> None:
-        """Copy a host image's first `positions` positions into fresh pages (a History's own
-        snapshot, or a `loomrt.pins.Checkpoint`'s image)."""
-        image = h.snapshot if isinstance(h, History) else h.image
+    def free_pages(self, pages: int, reclaim: Callable[[], bool] = lambda: False, keep: History | None = None) -> bool:
+        """Yield idle histories (other than `keep`) until `pages` pages are free, after
+        `reclaim` (the prefix cache); for a pin, which needs pages but no row."""
+        held = keep is not None and keep in self.histories
+        if held:
+            self.histories.remove(keep)
+        try:
+            while self.pool.free < pages:
+                if not reclaim() and not self._yield_one():
+                    return False
+            return True
+        finally:
+            if held:
+                self.histories.append(keep)
+
+    def restore(self, h: History, pages: list[int], positions: int) -> None:
+        """Copy a history's host snapshot (its first `positions` positions) into fresh pages."""
         n = self.pool.pages_for(positions)
         for name, array in self.state.items():
-            array[pages[:n]] = image[name][:n]
+            array[pages[:n]] = h.snapshot[name][:n]
 
     def snapshot_bytes(self) -> int:
         return sum(a.nbytes for h in self.histories if h.snapshot for a in h.snapshot.values())
 
 
-def image_of(history: History, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A host copy of the pages holding a history (from its row, or its own host snapshot)."""
-    if history.snapshot is not None:
-        return {name: a.copy() for name, a in history.snapshot.items()}
-    return {name: array[history.pages].copy() for name, array in state.items()}
 
-
-__all__ = ["ORDERS", "History", "HistoryStore", "check_session_name", "common_prefix", "image_of"]
+__all__ = ["ORDERS", "History", "HistoryStore", "check_session_name", "common_prefix"]

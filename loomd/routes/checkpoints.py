@@ -1,9 +1,10 @@
 """Named checkpoints (spec: "Named checkpoints"): pin, suspend and delete immutable endpoints.
 
 Control requests have an empty body and select the deployment with `X-Loom-Model` (omissible
-only when exactly one deployment is registered). A pin is kept as a host image of the
-session's KV pages (elastic backing), so `/suspend` always succeeds and reports its size;
-chats continue from a checkpoint with `X-Loom-Checkpoint` (routes/chat.py), and so do forks
+only when exactly one deployment is registered). A pin keeps a copy of the session's KV in
+pool pages of its own (loomrt/pins.py); with the document's `checkpoint_backing` "elastic"
+(the default) `/suspend` moves it to a host image and reports its size, with "fixed" it is
+400. Chats continue from a checkpoint with `X-Loom-Checkpoint` (routes/chat.py), and so do forks
 of known-token sequences (routes/sequences.py), whose handle is the `X-Loom-Session` to pin.
 The route is the same for every kind: the deployment's service owns `pin`, `checkpoint`
 and `unpin` and raises the contract's errors.
@@ -70,9 +71,9 @@ async def pin(request: web.Request) -> web.StreamResponse:
 async def suspend(request: web.Request) -> web.StreamResponse:
     name, reg = _target(request)
     await empty_body(request)
-    reg.service.checkpoint(name)          # 404 at once for an unknown name, before waiting
+    reg.service.checkpoint(name, suspending=True)   # 404 or 400 (fixed backing) at once, before waiting
     await _admission_open(request, reg)
-    point = reg.service.checkpoint(name)
+    point = reg.service.suspend(name)
     return json_response({"object": "checkpoint", "name": name, "model": reg.name, "position": point.position,
                           "host_snapshot_bytes": point.host_bytes})
 

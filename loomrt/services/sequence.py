@@ -27,11 +27,13 @@ stage's opaque per-token bytes. It selects nothing and never advances past those
 * **Admission.** Context and pool limits are checked when the request is submitted:
   `position + len(ids)` above `context_length`, or more pages than the whole pool, is
   `InvalidRequest` (400) with the numbers; an append that fits later waits in the queue.
-* **Named checkpoints.** `pin` copies an idle handle's pages into a host image
-  (`loomrt.pins.Checkpoint`, elastic backing: `checkpoint` is also the suspension); an initial
-  request naming a checkpoint forks it: a new handle whose fresh pages get a copy of the
-  image when it starts, then the ids are appended. The image is never written, so the
-  source handle advancing, being evicted, or the pin being deleted never changes a fork.
+* **Named checkpoints.** `pin` copies an idle handle's pages into pool pages the pin owns
+  (`loomrt.pins`: idle handles are evicted for them when the pool is short); with elastic
+  backing `suspend` parks them in a host image. An initial request naming a checkpoint forks
+  it: a new handle whose fresh pages get a copy of the pin's state when it starts (a
+  suspended pin is warmed back into new pages first when the pool has room), then the ids
+  are appended. A pin is never written, so the source handle advancing, being evicted, or
+  the pin being deleted never changes a fork.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ class SequenceService(StageService):
     them and a checkpoint images only them."""
 
     def __init__(self, *args: Any, page_size: int, context_length: int, page_states: list[str],
-                 step_tokens: int = STEP_TOKENS, credit: int = CREDIT, checkpoint_capacity: int = 0, **kwargs: Any):
+                 step_tokens: int = STEP_TOKENS, credit: int = CREDIT, checkpoint_capacity: int = 0,
+                 checkpoint_backing: str = "elastic", **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.context_length = context_length
         self.step_tokens = max(1, int(step_tokens))
@@ -137,7 +140,7 @@ class SequenceService(StageService):
         self.pages_per_row = self.pool.pages_for(context_length)
         self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()  # LRU first
         self.evictions = 0
-        self.pins = Pins(self.model, checkpoint_capacity)
+        self.pins = Pins(self.model, checkpoint_capacity, self.pool, self.paged, checkpoint_backing)
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class SequenceService(StageService):
         job.outbox.wake_worker = self.wake
         job.outbox.credit = self.credit
         with self._cond:
+            self.pins.check_fits(self.pool.pages_for(job.end))
             if job.requested_session is not None and job.checkpoint is not None:
                 raise InvalidRequest("X-Loom-Checkpoint forks into a new handle: omit 'session'",
                                      param="X-Loom-Checkpoint")
@@ -205,6 +209,7 @@ class SequenceService(StageService):
         with self._cond:
             out.update(pages_used=self.pool.used, pages_free=self.pool.free, rows=self.max_active or 0,
                        sessions=len(self._sessions), evictions=self.evictions, checkpoints=len(self.pins),
+                       pages_checkpoints=self.pins.pages_held, checkpoint_host_bytes=self.pins.host_bytes,
                        snapshot_bytes=self.pins.host_bytes)
         return out
 
@@ -220,8 +225,9 @@ class SequenceService(StageService):
     # ---- named checkpoints (loomrt.pins) --------------------------------------------------------
 
     def pin(self, name: str, session: str) -> Checkpoint:
-        """Pin the idle handle `session` at its completed position as checkpoint `name` (a host
-        image of its pages, so the handle may advance or be evicted afterwards)."""
+        """Pin the idle handle `session` at its completed position as checkpoint `name`: a copy
+        of its pages in pool pages the pin owns, so the handle may advance or be evicted
+        afterwards. Idle handles are evicted to make room; none left is 503."""
         with self._cond:
             self.pins.require_enabled()
             handle = self._sessions.get(session)
@@ -231,20 +237,32 @@ class SequenceService(StageService):
             if handle.busy is not None:
                 raise Conflict(f"sequence handle {session!r} is busy: pin it once its append finished",
                                param="X-Loom-Session")
-            self.pins.check_room(name)
-            held = handle.pages[:self.pool.pages_for(handle.position)]
-            image = {k: array[held].copy() for k, array in self.paged.items()}
-            return self.pins.add(Checkpoint(name, session, handle.position, image))
+            point = self.pins.pin(Checkpoint(name, session, handle.position), handle.pages,
+                                  lambda n: self._evict_for(n, handle))
+            self._account_host()
+            return point
 
-    def checkpoint(self, name: str) -> Checkpoint:
-        """The checkpoint `name`; pins are host images already, so this is also `/suspend`."""
+    def checkpoint(self, name: str, suspending: bool = False) -> Checkpoint:
+        """The checkpoint `name` (404); `suspending`: 400 too when its backing is fixed."""
         with self._cond:
-            return self.pins.get(name)
+            return self.pins.check_suspend(name) if suspending else self.pins.get(name)
+
+    def suspend(self, name: str) -> Checkpoint:
+        """Elastic backing: park the pin in host memory, its pool pages freed."""
+        with self._cond:
+            point = self.pins.suspend(name)
+            self._account_host()
+            return point
 
     def unpin(self, name: str) -> None:
-        """Delete a pin. Forks already started own copies; queued forks still need the image (409)."""
+        """Delete a pin. Forks already started own copies; queued forks still need it (409)."""
         with self._cond:
             self.pins.remove(name, (getattr(j, "_from", None) for j in self._pending))
+            self._account_host()
+
+    def _account_host(self) -> None:
+        """Charge suspended pins' host images to the host ledger."""
+        self.residency.devices.set("cpu", self.component.owner, "snapshots", self.pins.host_bytes)
 
     def session_position(self, handle: str) -> int | None:
         """The completed position of a retained handle, or None (for tests and inspection)."""
@@ -298,11 +316,11 @@ class SequenceService(StageService):
                     return False
             got = self.pool.reserve(need * self.pool.page_size)
             session.pages += got
-        if job._from is not None:  # a fork: its fresh pages start as a copy of the checkpoint's image
+        if job._from is not None:  # a fork: its fresh pages start as a copy of the checkpoint's state
             point, job._from = job._from, None
-            n = self.pool.pages_for(point.position)
-            for name, image in point.image.items():
-                self.state[name][session.pages[:n]] = image[:n]
+            if point.suspended and self.pins.warm(point, lambda n: self._evict_for(n, session)):
+                self._account_host()
+            self.pins.copy_into(point, session.pages)
         return True
 
     def _released(self, job: SequenceAppend) -> None:
@@ -454,7 +472,8 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
     return SequenceService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                            page_size=page_size(module), context_length=reg.document.context_length,
                            page_states=_page_states(reg.executables), step_tokens=step_tokens,
-                           checkpoint_capacity=reg.document.checkpoint_capacity, **common)
+                           checkpoint_capacity=reg.document.checkpoint_capacity,
+                           checkpoint_backing=reg.document.checkpoint_backing, **common)
 
 
 KIND = KindSpec("sequence", (STEP_STAGE,), create_policy, create_service, route="sequences")

@@ -30,7 +30,7 @@ from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
 from loomrt.services.outbox import Outbox
 from loomrt.services.packing import TokenRow, pack_rows
-from loomrt.sessions import ORDERS, HistoryStore, image_of
+from loomrt.sessions import ORDERS, HistoryStore
 
 STEP_STAGE = "prefill_decode"
 PUBLISH_FN = "publish"
@@ -116,7 +116,8 @@ class TextService(StageService):
 
     def __init__(self, *args: Any, tokenizer: Any, control: Any, page_size: int, context_length: int,
                  page_states: list[str], prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0,
-                 checkpoint_capacity: int = 0, prefix_cache_capacity: int = 0, **kwargs: Any):
+                 checkpoint_capacity: int = 0, checkpoint_backing: str = "elastic", prefix_cache_capacity: int = 0,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tokenizer = tokenizer
         self.control = control
@@ -129,7 +130,7 @@ class TextService(StageService):
         self.histories = HistoryStore(self.pool, paged, self.max_active or 1, session_cache_capacity)
         self.prefixes = PrefixCache(self.pool, paged, prefix_cache_capacity, stride=max(prefill_chunk, 1))
         self.paged = paged
-        self.pins = Pins(self.model, checkpoint_capacity)
+        self.pins = Pins(self.model, checkpoint_capacity, self.pool, paged, checkpoint_backing)
 
     # ---- admission ---------------------------------------------------------------------------
 
@@ -144,6 +145,7 @@ class TextService(StageService):
         job._wake = self.wake
         job.outbox.wake_worker = self.wake
         with self._cond:
+            self.pins.check_fits(self.pool.pages_for(min(len(job.prompt) + job.max_tokens, self.context_length)))
             if job.session is not None and any(j.session == job.session
                                                for j in list(self._active) + list(self._pending)):
                 raise Conflict(f"session {job.session!r} of model '{self.model}' is in use by another request",
@@ -163,7 +165,8 @@ class TextService(StageService):
     # ---- named checkpoints (loomrt.pins) --------------------------------------------------------
 
     def pin(self, name: str, session: str) -> Checkpoint:
-        """Pin the idle history of `session` as checkpoint `name` (a host image of its KV)."""
+        """Pin the idle history of `session` as checkpoint `name`: a copy of its KV in pool pages
+        the pin owns (idle caches yield pages for it; running requests and pins do not)."""
         with self._cond:
             self.pins.require_enabled()
             if any(j.session == session for j in list(self._active) + list(self._pending)):
@@ -171,17 +174,34 @@ class TextService(StageService):
             history = next((h for h in self.histories.histories if h.session == session), None)
             if history is None:
                 raise NotFound(f"model '{self.model}' has no retained session {session!r}", param="X-Loom-Session")
-            self.pins.check_room(name)
-            return self.pins.add(Checkpoint(name, session, len(history.tokens), image_of(history, self.paged),
-                                            tokens=list(history.tokens), pending=history.pending))
+            point = Checkpoint(name, session, len(history.tokens), tokens=list(history.tokens),
+                               pending=history.pending)
+            self.pins.pin(point, history.pages if history.in_row else history.snapshot,
+                          lambda n: self.histories.free_pages(n, self.prefixes.reclaim_one, keep=history))
+            self._account_host()
+            return point
 
-    def checkpoint(self, name: str) -> Checkpoint:
+    def checkpoint(self, name: str, suspending: bool = False) -> Checkpoint:
+        """The checkpoint `name` (404); `suspending`: 400 too when its backing is fixed."""
         with self._cond:
-            return self.pins.get(name)
+            return self.pins.check_suspend(name) if suspending else self.pins.get(name)
+
+    def suspend(self, name: str) -> Checkpoint:
+        """Elastic backing: park the pin in host memory, its pool pages freed."""
+        with self._cond:
+            point = self.pins.suspend(name)
+            self._account_host()
+            return point
 
     def unpin(self, name: str) -> None:
         with self._cond:
             self.pins.remove(name, (j._from for j in self._pending))
+            self._account_host()
+
+    def _account_host(self) -> None:
+        """Charge the host images (suspended pins, session-cache snapshots) to the host ledger."""
+        host = self.pins.host_bytes + self.histories.snapshot_bytes()
+        self.residency.devices.set("cpu", self.component.owner, "snapshots", host)
 
     def sessions(self) -> list[dict[str, Any]]:
         with self._cond:
@@ -204,14 +224,18 @@ class TextService(StageService):
                        retained=len(self.histories.histories),
                        pages_retained=sum(len(h.pages) for h in self.histories.histories),
                        snapshot_bytes=self.histories.snapshot_bytes(),
-                       prefixes=len(self.prefixes.entries), pages_prefixes=self.prefixes.pages_held)
+                       prefixes=len(self.prefixes.entries), pages_prefixes=self.prefixes.pages_held,
+                       checkpoints=len(self.pins), pages_checkpoints=self.pins.pages_held,
+                       checkpoint_host_bytes=self.pins.host_bytes)
         return out
 
     def _start(self, job: Generation) -> bool:
         """Reserve the job's row and pages, continuing the retained history or cached prefix
         that shares the most tokens with the prompt."""
         if job._from is not None:
-            return self._start_from_checkpoint(job, job._from)
+            started = self._start_from_checkpoint(job, job._from)
+            self._account_host()
+            return started
         prefix, from_prefix = self.prefixes.match(job.prompt)
         history, reused = self.histories.take(job.prompt, job.session)
         if from_prefix > reused:      # the history stays retained as it is
@@ -244,6 +268,8 @@ class TextService(StageService):
         job.pages = own + fresh
         job.kv = job.cached_tokens = reused
         job.decoder = IncrementalDecoder(self.tokenizer)
+        if self.histories.session_cache_capacity:
+            self._account_host()
         return True
 
     def _offer_prefix(self, g: Generation) -> None:
@@ -256,13 +282,15 @@ class TextService(StageService):
 
     def _start_from_checkpoint(self, job: Generation, point: Checkpoint) -> bool:
         """Fork (another session) or rewind (the same session): fresh pages get a copy of the
-        checkpoint's KV; the destination's old history is replaced only when this finishes."""
+        checkpoint's KV; the destination's old history is replaced only when this finishes. A
+        suspended pin is resumed into new pages first when idle caches can make room."""
         need = self.pool.pages_for(min(len(job.prompt) + job.max_tokens, self.context_length))
-        if not self.histories.make_room(len(self._active), need):
+        if not self.histories.make_room(len(self._active), need, reclaim=self.prefixes.reclaim_one):
             return False
         job.pages = self.pool.reserve_pages(need)
         reused = len(point.tokens)
-        self.histories.restore(point, job.pages, reused)
+        self.pins.warm(point, lambda n: self.histories.free_pages(n, self.prefixes.reclaim_one))
+        self.pins.copy_into(point, job.pages)
         job.kv = job.cached_tokens = reused
         job.decoder = IncrementalDecoder(self.tokenizer)
         return True
@@ -278,6 +306,8 @@ class TextService(StageService):
         else:
             self.pool.release(job.pages)
         job.pages = []
+        if self.histories.session_cache_capacity:
+            self._account_host()
 
     def _runnable(self, active: list[Job]) -> list[Job]:
         return [g for g in active if g.cancelled is None and (not g.prefilled or g.outbox.has_credit())]
@@ -417,6 +447,7 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
                        context_length=reg.document.context_length,
                        session_cache_capacity=reg.document.session_cache_capacity,
                        checkpoint_capacity=reg.document.checkpoint_capacity,
+                       checkpoint_backing=reg.document.checkpoint_backing,
                        prefix_cache_capacity=reg.document.prefix_cache_capacity, **common)
 
 

@@ -10,6 +10,7 @@ from its handle's retained pages gets a different sum. Everything runs on the re
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -53,7 +54,8 @@ class FakeExecutables:
         self.programs = {"consume": FakeConsume()}
 
 
-def make_service(*, rows=2, context_length=16, pool_pages=8, step_tokens=4, credit=8, pending=8):
+def make_service(*, rows=2, context_length=16, pool_pages=8, step_tokens=4, credit=8, pending=8,
+                 backing="elastic"):
     devices = Devices()
     residency = Residency(devices)
     component = Component("seq", "primary", devices.get("cpu"), lambda: {})
@@ -62,7 +64,7 @@ def make_service(*, rows=2, context_length=16, pool_pages=8, step_tokens=4, cred
     state = {"cache": np.zeros((pool_pages, PAGE_SIZE), np.float32)}
     return SequenceService("seq", FakeExecutables(), component, residency, state, pending, max_active=rows,
                            page_size=PAGE_SIZE, context_length=context_length, page_states=["cache"],
-                           step_tokens=step_tokens, credit=credit).start()
+                           step_tokens=step_tokens, credit=credit, checkpoint_backing=backing).start()
 
 
 def events(job: SequenceAppend) -> list[tuple[str, dict]]:
@@ -179,7 +181,8 @@ def test_a_fork_continues_from_the_pinned_image_not_the_advanced_handle():
         first, _ = run(service, ids[:3])
         point = service.pin("cp", first.handle)
         assert (point.name, point.session, point.position) == ("cp", first.handle, 3)
-        assert point.host_bytes == 4 * PAGE_SIZE * 1         # one page of the fake's f32 cache
+        assert len(point.pages) == 1 and point.host_bytes == 0    # in a pool page of its own
+        assert service.counts()["pages_checkpoints"] == 1
         run(service, [1, 1, 1], position=3, session=first.handle)   # the source advances elsewhere
         fork = SequenceAppend(ids[3:], 3, None, outbox=Outbox(), checkpoint="cp")
         service.submit(fork)
@@ -189,6 +192,72 @@ def test_a_fork_continues_from_the_pinned_image_not_the_advanced_handle():
         service.unpin("cp")
         run(service, [12], position=7, session=fork.handle)     # the fork outlives the pin
         assert service.session_position(fork.handle) == 8
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_elastic_suspend_parks_the_pin_on_the_host_and_a_fork_warms_it_back():
+    service = make_service(pool_pages=8)
+    service.pins.capacity = 1
+    try:
+        ids = [5, 6, 7, 8, 9, 10, 11]
+        _, whole = run(service, ids)
+        first, _ = run(service, ids[:3])
+        service.pin("cp", first.handle)
+        used = service.counts()["pages_used"]
+        point = service.suspend("cp")
+        assert point.pages == [] and point.host_bytes == 4 * PAGE_SIZE      # one page of the f32 cache
+        assert service.counts()["pages_used"] == used - 1 and service.counts()["checkpoint_host_bytes"] == 16
+        ledger = service.residency.devices.accounting("cpu")[0]["owners"]["seq/primary"]
+        assert ledger["snapshots"] == 16
+        assert service.suspend("cp").host_bytes == 16                      # again: nothing moves
+        fork = SequenceAppend(ids[3:], 3, None, outbox=Outbox(), checkpoint="cp")
+        service.submit(fork)
+        np.testing.assert_array_equal(rows_of(events(fork)), rows_of(whole)[3:])
+        assert not point.suspended and len(point.pages) == 1               # resumed into a new page
+        assert "snapshots" not in service.residency.devices.accounting("cpu")[0]["owners"].get("seq/primary", {})
+        service.unpin("cp")
+        assert service.counts()["pages_checkpoints"] == 0
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_fixed_backing_refuses_suspension_and_pins_evict_idle_handles_only():
+    service = make_service(pool_pages=3, rows=2, context_length=12, backing="fixed")
+    service.pins.capacity = 3
+    try:
+        a, _ = run(service, [1, 2, 3, 4, 5])               # two pages
+        b, _ = run(service, [6])                           # one page: the pool is full
+        service.pin("cp", b.handle)                        # evicts a (idle, least recently used)
+        assert service.session_position(a.handle) is None and len(service.pins.points["cp"].pages) == 1
+        with pytest.raises(InvalidRequest, match="fixed backing"):
+            service.suspend("cp")
+        with pytest.raises(InvalidRequest, match="fixed backing"):
+            service.checkpoint("cp", suspending=True)
+        with pytest.raises(Unavailable, match="checkpoints hold 1"):   # 3 pages cannot fit beside the pin
+            service.submit(SequenceAppend([1] * 9, 0, None, outbox=Outbox()))
+    finally:
+        service.stop("abort").result(TIMEOUT)
+
+
+def test_a_pin_the_pool_cannot_hold_is_503():
+    service = make_service(pool_pages=3, rows=2, context_length=8)
+    service.pins.capacity = 1
+    try:
+        idle, _ = run(service, [6])                                     # one page
+        gate = threading.Event()
+        service.executables.programs["consume"].gate = gate
+        busy = SequenceAppend([2] * 8, 0, None, outbox=Outbox())        # two pages, running
+        service.submit(busy)
+        deadline = time.monotonic() + TIMEOUT
+        while service.counts()["pages_used"] < 3 and time.monotonic() < deadline:   # its pages reserved
+            time.sleep(0.01)
+        with pytest.raises(Unavailable, match="no 1 free pages"):
+            service.pin("cp", idle.handle)
+        assert len(service.pins) == 0 and service.session_position(idle.handle) == 1
+        gate.set()
+        events(busy)
+        service.pin("cp", idle.handle)                                  # the finished append yields
     finally:
         service.stop("abort").result(TIMEOUT)
 
