@@ -1,8 +1,13 @@
 """Named checkpoints over HTTP (spec: "Named checkpoints"): pin, suspend, delete, and chats that
-fork or rewind from a checkpoint, judged against a fresh replay on a twin deployment."""
+fork or rewind from a checkpoint, judged against a fresh replay on a twin deployment.
+
+Three deployments: `scout` (checkpoint_capacity 2, the default elastic backing), `twin` (no
+checkpoints: the replay reference) and `fixed` (checkpoint_backing "fixed", one row)."""
 
 from __future__ import annotations
 
+import json
+import math
 import select
 
 import pytest
@@ -11,15 +16,19 @@ from loomd_process import read_response
 from scout_daemon import chat, open_stream, scheduler, scout_document, start_scout, wait_until
 
 FIRST = [{"role": "user", "content": "Remember the number seven."}]
+PAGE_SIZE = 16
+PAGE_BYTES = 2 * 30 * PAGE_SIZE * 192 * 4   # k_cache + v_cache of one page (samples/scout/prepare.loom)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("checkpoints")
     twin = scout_document(tmp, "twin", rows=2, context_length=512, max_output_tokens=16)
-    daemon = start_scout(tmp, twin, rows=2, context_length=512, max_output_tokens=16, checkpoint_capacity=2)
+    fixed = scout_document(tmp, "fixed", rows=1, context_length=512, max_output_tokens=16, checkpoint_capacity=1)
+    fixed.write_text(json.dumps({**json.loads(fixed.read_text()), "checkpoint_backing": "fixed"}))
+    daemon = start_scout(tmp, twin, fixed, rows=2, context_length=512, max_output_tokens=16, checkpoint_capacity=2)
     try:
-        for model in ("scout", "twin"):  # a deployment's first step loads its kernels: slow once
+        for model in ("scout", "twin", "fixed"):  # a deployment's first step loads its kernels: slow once
             assert chat(daemon, {"model": model, "messages": FIRST, "max_tokens": 1}, timeout=300).status == 200
         yield daemon
     finally:
@@ -32,8 +41,74 @@ def ask(server, model, messages, **headers):
     return r
 
 
-def control(server, method, path, **headers):
-    return server.request(method, path, None, {"X-Loom-Model": "scout", **headers})
+def control(server, method, path, model="scout", **headers):
+    return server.request(method, path, None, {"X-Loom-Model": model, **headers})
+
+
+def snapshots(server, model="scout") -> int:
+    """Host bytes the device ledger charges to the deployment as snapshots."""
+    devices = server.request("GET", "/v1/status").json()["devices"]
+    cpu = next(d for d in devices if d["device"] == "cpu")
+    return cpu["owners"].get(f"{model}/primary", {}).get("snapshots", 0)
+
+
+def test_elastic_suspend_parks_the_pin_on_the_host_and_a_fork_resumes_it(server):
+    """A pin lives in pool pages of its own; suspension moves it to a host image (pages freed,
+    bytes charged to the host), and the next fork warms it back into new pages and answers
+    exactly as a fork before suspension did."""
+    r = ask(server, "scout", FIRST, **{"X-Loom-Session": "e"})
+    assert r.status == 200
+    answer = r.json()["choices"][0]["message"]["content"]
+    before = scheduler(server)
+    pinned = control(server, "POST", "/v1/checkpoints/ce", **{"X-Loom-Session": "e"})
+    assert pinned.status == 201, pinned.body
+    position = pinned.json()["position"]
+    pages = math.ceil(position / PAGE_SIZE)
+    held = scheduler(server)
+    assert (held["pages_checkpoints"], held["checkpoint_host_bytes"]) == (pages, 0)
+    assert held["pages_used"] == before["pages_used"] + pages     # the pin's own pages, from the pool
+
+    follow = FIRST + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Which number?"}]
+    first = ask(server, "scout", follow, **{"X-Loom-Checkpoint": "ce", "X-Loom-Session": "e2"})
+    assert first.status == 200, first.body
+    assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == position
+
+    used = scheduler(server)["pages_used"]
+    suspended = control(server, "POST", "/v1/checkpoints/ce/suspend")
+    assert suspended.status == 200, suspended.body
+    assert suspended.json()["host_snapshot_bytes"] == pages * PAGE_BYTES
+    parked = scheduler(server)
+    assert (parked["pages_checkpoints"], parked["checkpoint_host_bytes"]) == (0, pages * PAGE_BYTES)
+    assert parked["pages_used"] == used - pages
+    assert snapshots(server) >= pages * PAGE_BYTES
+    again = control(server, "POST", "/v1/checkpoints/ce/suspend")          # already parked: same image
+    assert again.status == 200 and again.json()["host_snapshot_bytes"] == pages * PAGE_BYTES
+
+    resumed = ask(server, "scout", follow, **{"X-Loom-Checkpoint": "ce", "X-Loom-Session": "e3"})
+    assert resumed.status == 200, resumed.body
+    assert resumed.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    assert resumed.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == position
+    warm = scheduler(server)
+    assert (warm["pages_checkpoints"], warm["checkpoint_host_bytes"]) == (pages, 0)
+    assert snapshots(server) == 0
+    assert control(server, "DELETE", "/v1/checkpoints/ce").status == 200
+    assert scheduler(server)["pages_checkpoints"] == 0
+
+
+def test_fixed_backing_keeps_pins_in_the_pool_and_rejects_suspension(server):
+    assert ask(server, "fixed", FIRST, **{"X-Loom-Session": "f"}).status == 200
+    pinned = control(server, "POST", "/v1/checkpoints/cf", "fixed", **{"X-Loom-Session": "f"})
+    assert pinned.status == 201, pinned.body
+    pages = math.ceil(pinned.json()["position"] / PAGE_SIZE)
+    refused = control(server, "POST", "/v1/checkpoints/cf/suspend", "fixed")
+    assert refused.status == 400, refused.body
+    assert "fixed backing" in refused.json()["error"]["message"]
+    held = scheduler(server, "fixed")
+    assert (held["pages_checkpoints"], held["checkpoint_host_bytes"]) == (pages, 0)
+    assert snapshots(server, "fixed") == 0
+    assert control(server, "POST", "/v1/checkpoints/nope/suspend", "fixed").status == 404
+    assert control(server, "DELETE", "/v1/checkpoints/cf", "fixed").status == 200
+    assert scheduler(server, "fixed")["pages_checkpoints"] == 0
 
 
 def test_pin_fork_rewind_suspend_delete(server):

@@ -105,6 +105,38 @@ def test_a_fork_equals_a_direct_append_and_outlives_its_pin(server):
     assert control(server, "POST", "/v1/checkpoints/cp1/suspend").status == 404
 
 
+def pool(server) -> dict:
+    status = server.request("GET", "/v1/status").json()
+    scheduler = next(r for r in status["registrations"] if r["model"] == "encoder")["scheduler"]
+    cpu = next(d for d in status["devices"] if d["device"] == "cpu")
+    return {"used": scheduler["pages_used"], "pinned": scheduler["pages_checkpoints"],
+            "host": scheduler["checkpoint_host_bytes"],
+            "ledger": cpu["owners"].get("encoder/primary", {}).get("snapshots", 0)}
+
+
+def test_a_suspended_pin_moves_to_the_host_and_a_fork_resumes_it(server):
+    """encoder's backing is elastic (the default): the pin's page leaves the pool on suspension,
+    and a fork afterwards gives the same bytes as a fork before it, warming the pin back."""
+    source, _ = start(server, IDS[:K])
+    before = pool(server)
+    assert control(server, "POST", "/v1/checkpoints/cs", **{"X-Loom-Session": source}).status == 201
+    assert pool(server) == {**before, "used": before["used"] + 1, "pinned": before["pinned"] + 1}
+    _, rows = fork(server, "cs", K, IDS[K:])
+
+    used = pool(server)["used"]
+    suspended = control(server, "POST", "/v1/checkpoints/cs/suspend")
+    assert suspended.status == 200 and suspended.json()["host_snapshot_bytes"] == PAGE_BYTES, suspended.body
+    parked = pool(server)
+    assert (parked["used"], parked["pinned"], parked["host"]) == (used - 1, 0, PAGE_BYTES)
+    assert parked["ledger"] >= PAGE_BYTES
+
+    _, resumed = fork(server, "cs", K, IDS[K:])
+    np.testing.assert_array_equal(resumed, rows)
+    warm = pool(server)
+    assert (warm["pinned"], warm["host"], warm["ledger"]) == (1, 0, 0)
+    assert control(server, "DELETE", "/v1/checkpoints/cs").status == 200
+
+
 def test_fork_request_errors(server):
     source, _ = start(server, IDS[:4])
     assert control(server, "POST", "/v1/checkpoints/cpf", **{"X-Loom-Session": source}).status == 201
