@@ -43,7 +43,8 @@ class Scout:
         os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
         self.registry = Registry(Devices(cuda={}))
         doc = json.loads((REPO / "samples" / "scout" / "model.json").read_text())
-        doc.update(rows=1, pool_capacity=4096, context_length=2048)   # one row: another request evicts it
+        # one row, no session or prefix cache: another request evicts the history, which is then replayed
+        doc.update(rows=1, pool_capacity=4096, context_length=2048, session_cache_capacity=0, prefix_cache_capacity=0)
         self.reg = self.registry.register(json.dumps(doc), origin=str(REPO / "samples" / "scout" / "model.json"))
         if not self.registry.wait_for(lambda: self.reg.phase in ("ready", "failed"), 1200) or self.reg.phase != "ready":
             raise SystemExit(f"scout did not become ready: {self.reg.error}")
