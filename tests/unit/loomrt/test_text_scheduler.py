@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
 from loomrt.devices import Devices
-from loomrt.errors import InvalidRequest
+from loomrt.errors import InvalidRequest, Unavailable
 from loomrt.residency import Component, Residency
 from loomrt.services.text import Generation, Outbox, Sampling, TextService
 
@@ -235,3 +235,40 @@ def test_an_internal_failure_fails_its_rows_is_logged_and_the_service_goes_on(se
     assert g.generated == expected_tokens([1, 2, 3], 2)
     counts = svc.counts()
     assert counts["pages_used"] == counts["pages_retained"] == 1  # only the served one's history holds pages
+
+
+# ---- named checkpoints (loomrt/pins.py) -----------------------------------------------------
+
+def test_a_pin_holds_pool_pages_and_a_fork_after_suspension_resumes_it(service):
+    """A pin copies the session's pages into pool pages of its own; suspension (elastic
+    backing) parks them on the host and frees the pages; a fork afterwards warms the pin into
+    new pages and samples what a fork before suspension sampled (the fake's tokens are sums of
+    the pages it reads, so a wrong copy shows)."""
+    svc = service(rows=1, pool_pages=9)
+    svc.pins.capacity = 1
+    svc.submit(generation([1, 2, 3, 4, 5, 6], 2, session="a")).result(TIMEOUT)
+    point = svc.pin("cp", "a")
+    assert point.position == 7 and len(point.pages) == 2 and point.host_bytes == 0   # the last sample is pending
+    assert svc.counts()["pages_checkpoints"] == 2
+    prompt = point.tokens + [9, 10]
+
+    def fork(session):
+        g = generation(prompt, 3, session=session, checkpoint="cp")
+        svc.submit(g).result(TIMEOUT)
+        assert g.cached_tokens == 7
+        return g.generated
+
+    before = fork("b")
+    assert before == expected_tokens(prompt, 3)
+    used = svc.counts()["pages_used"]
+    assert svc.suspend("cp").host_bytes == 2 * PAGE_SIZE * 8          # two pages of the int64 fake cache
+    assert svc.counts()["pages_used"] == used - 2 and svc.counts()["checkpoint_host_bytes"] == 64
+    assert fork("c") == before
+    assert len(point.pages) == 2 and not point.suspended
+    with pytest.raises(Unavailable, match="checkpoints hold 2"):      # 8 pages cannot fit beside the pin's 2
+        svc.submit(generation(list(range(1, 31)), 2))
+    svc.pins.backing = "fixed"
+    with pytest.raises(InvalidRequest, match="fixed backing"):
+        svc.suspend("cp")
+    svc.unpin("cp")
+    assert svc.counts()["pages_checkpoints"] == 0
