@@ -1,10 +1,11 @@
 """Request bodies as the routes consume them: a strict JSON object, or a multipart source package.
 
 Every body is read once, bounded (`framing.read_body`). JSON goes through the one strict
-decoder (`loomrt.fields.decode_object`). A multipart upload is "exactly one `request` part
-with the endpoint's JSON, plus `file` parts whose filenames are package member names"; a
-duplicate filename, a second request part, an unknown part name or a file part without a
-filename is a 400 before anything is registered or staged.
+decoder (`loomrt.fields.decode_object`); it is labelled application/json (or octet-stream,
+or curl's default form type when the body is a JSON object). A multipart upload is "exactly
+one `request` part with the endpoint's JSON, plus `file` parts whose filenames are package
+member names"; a duplicate filename, a second request part, an unknown part name or a file
+part without a filename is a 400 before anything is registered or staged.
 """
 
 from __future__ import annotations
@@ -44,10 +45,27 @@ async def empty_body(request: web.Request) -> None:
         raise InvalidRequest(f"{request.method} {request.path} takes no request body")
 
 
+JSON_TYPES = ("application/json", "application/octet-stream")
+FORM_TYPE = "application/x-www-form-urlencoded"   # what `curl -d` sends unless told otherwise
+
+
+def _json_typed(request: web.Request, raw: bytes, expected: str) -> None:
+    """Reject a body whose Content-Type is not JSON's. `curl -d '{...}'` labels a JSON body
+    as form data, so under FORM_TYPE a body that starts like a JSON object is taken as JSON
+    (strictly decoded after this); real form data (`a=1&b=2`) is still a 400."""
+    if not raw or request.content_type in JSON_TYPES:
+        return
+    if request.content_type == FORM_TYPE:
+        if raw.lstrip(b" \t\r\n").startswith(b"{"):
+            return
+        raise InvalidRequest(f"form data is not accepted: send a JSON object with Content-Type: application/json "
+                             f"(got a {FORM_TYPE} body that is not a JSON object)")
+    raise InvalidRequest(f"expected Content-Type {expected}, got {request.content_type!r}")
+
+
 async def json_body(request: web.Request) -> dict[str, Any]:
     raw = await read_body(request, _limit(request))
-    if request.content_type not in ("application/json", "application/octet-stream") and raw:
-        raise InvalidRequest(f"expected Content-Type application/json, got {request.content_type!r}")
+    _json_typed(request, raw, "application/json")
     return decode_object(raw, "request body", U64_LIMIT)
 
 
@@ -63,9 +81,7 @@ async def json_or_package(request: web.Request) -> Upload:
     """The JSON of a register/staging request, with its uploaded package if multipart."""
     raw = await read_body(request, _limit(request))
     if request.content_type != "multipart/form-data":
-        if request.content_type not in ("application/json", "application/octet-stream"):
-            raise InvalidRequest(f"expected Content-Type application/json or multipart/form-data, got "
-                                 f"{request.content_type!r}")
+        _json_typed(request, raw or b"{", "application/json or multipart/form-data")
         return Upload(decode_object(raw, "request body"), raw)
     parts = parse_multipart(raw, request.headers.get("Content-Type", ""))
     requests = [p for p in parts if p.name == "request"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from loomc import strict_json
@@ -84,6 +84,12 @@ def decode_object(text_or_bytes: str | bytes, what: str = "request body", int_li
         dup = first_duplicate(text) if str(exc).startswith("duplicate key") else None
         if dup is not None:
             raise InvalidRequest(f"duplicate field '{dup}'", param=dup) from None
+        big = first_out_of_range(text, int_limit) if "out of range" in str(exc) or "digits" in str(exc) else None
+        if big is not None:
+            path, raw = big
+            shown_raw = raw if len(raw) <= 40 else f"{raw[:20]}...({len(raw)} digits)"
+            raise InvalidRequest(f"{path}: {shown_raw} is out of range: integers here must lie in "
+                                 f"{1 - int_limit}..{int_limit - 1}", param=path) from None
         where = f" at line {exc.lineno} column {exc.colno}" if exc.lineno is not None else ""
         raise InvalidRequest(f"{what} is not valid JSON{where}: {exc}") from None
     if not isinstance(doc, dict):
@@ -95,33 +101,67 @@ class _Pairs(list):
     pass
 
 
+class _Big(str):
+    """An integer literal beyond the decoder's limit, kept as its text (never converted:
+    Python refuses to convert thousands of digits)."""
+
+
+def _first_path(node: Any, found: Callable[[Any, str], Any], prefix: str = "") -> Any:
+    """Walk a `_Pairs` tree depth-first; the first non-None `found(node, prefix)`, where
+    `prefix` is the node's dotted path plus a trailing dot (`messages[1].`)."""
+    hit = found(node, prefix)
+    if hit is not None:
+        return hit
+    if isinstance(node, _Pairs):
+        for k, v in node:
+            hit = _first_path(v, found, f"{prefix}{k}.")
+            if hit is not None:
+                return hit
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            hit = _first_path(v, found, f"{prefix[:-1] if prefix else ''}[{i}].")
+            if hit is not None:
+                return hit
+    return None
+
+
 def first_duplicate(text: str) -> str | None:
     """The dotted path of the first duplicated key. Only called after `strict_json` has
     rejected the text, to name the path: its hook sees objects bottom-up, without one."""
 
-    def walk(node: Any, prefix: str) -> str | None:
+    def duplicate(node: Any, prefix: str) -> str | None:
         if isinstance(node, _Pairs):
             seen: set[str] = set()
-            for k, v in node:
+            for k, _ in node:
                 if k in seen:
                     return prefix + k
                 seen.add(k)
-                found = walk(v, f"{prefix}{k}.")
-                if found:
-                    return found
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                found = walk(v, f"{prefix[:-1] if prefix else ''}[{i}].")
-                if found:
-                    return found
         return None
 
     try:
-        return walk(json.loads(text, object_pairs_hook=_Pairs), "")
+        return _first_path(json.loads(text, object_pairs_hook=_Pairs), duplicate)
     except (ValueError, RecursionError):
         return None
 
 
+def first_out_of_range(text: str, int_limit: int) -> tuple[str, str] | None:
+    """(dotted path, literal) of the first integer with |x| >= `int_limit`, so the error names
+    the field (`seed`) instead of calling the whole body invalid JSON. Only called after
+    `strict_json` rejected the text; None at the top level or when the text is no JSON."""
+    digits = len(str(int_limit))
+
+    def parse_int(raw: str) -> Any:
+        if len(raw.lstrip("-")) > digits or not -int_limit < int(raw) < int_limit:
+            return _Big(raw)
+        return 0
+
+    def big(node: Any, prefix: str) -> tuple[str, str] | None:
+        return (prefix[:-1], str(node)) if isinstance(node, _Big) and prefix else None
+
+    try:
+        return _first_path(json.loads(text, object_pairs_hook=_Pairs, parse_int=parse_int), big)
+    except (ValueError, RecursionError):
+        return None
 
 
 def fields_of(obj: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -134,4 +174,4 @@ def fields_of(obj: dict[str, Any], required: tuple[str, ...], optional: tuple[st
 
 
 __all__ = ["INT_LIMIT", "U64_LIMIT", "decode_object", "expect_integer", "expect_name", "expect_object", "expect_string",
-           "fail", "fields_of", "first_duplicate", "reject_unknown", "shown"]
+           "fail", "fields_of", "first_duplicate", "first_out_of_range", "reject_unknown", "shown"]

@@ -12,11 +12,12 @@ with the result, and a streaming job's `outbox` carries its events (on `loop`, w
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from loomrt.errors import InvalidRequest, NotFound
 from loomrt.media.audio import decode_recording
-from loomrt.registry import Registry
+from loomrt.registry import Registry, Utility
 from loomrt.services.decision import Decision, parse_questions
 from loomrt.services.embedding import EmbeddingJob
 from loomrt.services.recognition import Transcription
@@ -26,6 +27,7 @@ from loomrt.services.speech import BLOCK_CREDIT, Utterance
 from loomrt.services.text import Generation
 
 CHAT = "chat completions"
+T = TypeVar("T")
 
 
 def transcribe(registry: Registry, model: Any, data: bytes, media_type: str | None, params: dict[str, str],
@@ -63,6 +65,17 @@ def tokenizer(registry: Registry, model: Any) -> Any:
     return reg.tokenizer
 
 
+def with_tokenizer(registry: Registry, model: Any, kind: str, work: Callable[[Any, Utility], T],
+                   what: str | None = None) -> T:
+    """Run `work(tokenizer, request)` as one utility request of `kind` ("tokenize",
+    "detokenize"): admitted and resolved as `tokenizer`, listed by `/v1/requests` while it
+    runs and reported by a `request` event (with what `work` put in `request.counts`).
+    Blocking: call it on a worker thread, so the request lasts as long as the work does."""
+    tok = tokenizer(registry, model)
+    with registry.utility(registry.get(model), kind, what) as request:
+        return work(tok, request)
+
+
 def chat(registry: Registry, model: Any, body: dict[str, Any], *, max_tokens: int | None, stream: bool,
          session: str | None = None, checkpoint: str | None = None, what: str = CHAT,
          loop: asyncio.AbstractEventLoop | None = None) -> Generation:
@@ -70,8 +83,9 @@ def chat(registry: Registry, model: Any, body: dict[str, Any], *, max_tokens: in
     A non-streaming reader takes only the outcome: its text deltas are not kept, or they would
     exhaust the row's output credit and pause the generation with nobody to read them."""
     reg = registry.serving(model, "text", what)
+    max_tokens = output_limit(reg, body, max_tokens)
     prepared = reg.policy.prepare(body)
-    gen = Generation(prepared.prompt, max_tokens or reg.document.max_output_tokens, prepared.sampling,
+    gen = Generation(prepared.prompt, max_tokens, prepared.sampling,
                      prepared.stop_ids, prepared.state, outbox=Outbox(loop=loop, deltas=stream), session=session,
                      checkpoint=checkpoint)
     gen.route = what
@@ -79,18 +93,32 @@ def chat(registry: Registry, model: Any, body: dict[str, Any], *, max_tokens: in
     return gen
 
 
-def count_chat(registry: Registry, model: Any, body: dict[str, Any], what: str = CHAT) -> int:
-    """The prompt tokens a chat would have, without generating (a bounded CPU utility)."""
+def output_limit(reg: Any, body: dict[str, Any], max_tokens: int | None) -> int:
+    """The output cap of a chat: `max_tokens` as the request asked it (None: the deployment's
+    `limits.max_output_tokens`), never above that advertised limit (400 naming the field)."""
+    limit = reg.document.max_output_tokens
+    if max_tokens is None:
+        return limit
+    if max_tokens > limit:
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        raise InvalidRequest(f"{key}: {max_tokens} is above the limits.max_output_tokens of model '{reg.name}' "
+                             f"({limit})", param=key)
+    return max_tokens
+
+
+def count_chat(registry: Registry, model: Any, body: dict[str, Any], what: str = CHAT, *,
+               max_tokens: int | None = None) -> int:
+    """The prompt tokens a chat would have, without generating (a bounded CPU utility). Its
+    generation fields are validated as a chat's (`max_tokens` within the advertised limit)."""
     reg = registry.serving(model, "text", what)
-    registry.admit_utility(reg)
-    try:
-        prepared = reg.policy.prepare(body)
-    finally:
-        registry.release_utility(reg)
-    if len(prepared.prompt) > reg.document.context_length:
-        raise InvalidRequest(f"the input needs {len(prepared.prompt)} tokens, but model '{reg.name}' has a context "
-                             f"of {reg.document.context_length} tokens", param="messages")
-    return len(prepared.prompt)
+    output_limit(reg, body, max_tokens)
+    with registry.utility(reg, "input_tokens", what, bounded=True) as job:
+        n = len(reg.policy.prepare(body).prompt)
+        if n > reg.document.context_length:
+            raise InvalidRequest(f"the input needs {n} tokens, but model '{reg.name}' has a context "
+                                 f"of {reg.document.context_length} tokens", param="messages")
+        job.counts["input_tokens"] = n
+    return n
 
 
 def embed(registry: Registry, model: Any, request: dict[str, Any], what: str = "embeddings") -> EmbeddingJob:
@@ -131,4 +159,5 @@ def append(registry: Registry, model: Any, token_ids: list[int], position: int, 
     return job
 
 
-__all__ = ["append", "chat", "count_chat", "decide", "embed", "tokenizer", "transcribe"]
+__all__ = ["append", "chat", "count_chat", "decide", "embed", "output_limit", "tokenizer", "transcribe",
+           "with_tokenizer"]

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class Registration:
         self.policy: Any = None                    # the kind's request policy (None when native-only)
         self.spec: Any = None                      # the kind's KindSpec (None when native-only)
         self.utility_in_flight = 0                 # input-token counts running (bounded by pending_capacity)
+        self.utilities: dict[int, Utility] = {}    # CPU utility requests running (for /v1/requests)
 
     @property
     def prepared(self) -> bool:
@@ -103,6 +105,26 @@ class Registration:
             out["scheduler"] = self.service.counts()
             out["state_bytes"] = self.state_bytes
         return out
+
+
+class Utility(Job):
+    """A CPU utility request (an input-token count, tokenize, detokenize): no steps and no row,
+    but a request all the same (spec: "Utility requests appear in request inspection and
+    outcome counters"), listed by `/v1/requests` while it runs and reported by a `request`
+    event when it ends. `counts` go into that event (never `prompt_tokens`: a utility
+    increments no inference-token counter)."""
+
+    def __init__(self, kind: str, route: str | None):
+        super().__init__([], kind=kind)
+        self.route = route
+        self.counts: dict[str, Any] = {}
+
+    def describe(self, state: str) -> dict[str, Any]:
+        return {"id": self.id, "object": "request", "model": self.model, "kind": self.kind, "state": state,
+                "created": round(self.created, 3), "utility": True}
+
+    def outcome(self) -> dict[str, Any]:
+        return dict(self.counts)
 
 
 class Registry:
@@ -377,6 +399,36 @@ class Registry:
     def release_utility(self, reg: Registration) -> None:
         with self._lock:
             reg.utility_in_flight -= 1
+
+    @contextlib.contextmanager
+    def utility(self, reg: Registration, kind: str, route: str | None = None, *,
+                bounded: bool = False) -> Iterator[Utility]:
+        """Run one CPU utility request of `reg` inside the block: admitted as utilities are
+        (`bounded`: also counted against the count queue, `admit_utility`), listed by
+        `requests()` until the block ends, then reported by its `request` event."""
+        if bounded:
+            self.admit_utility(reg)
+        else:
+            self.check_admission(reg, need_service=False)
+        job = Utility(kind, route)
+        job.model = reg.name
+        with self._lock:
+            reg.utilities[job.id] = job
+        error: LoomError | None = None
+        try:
+            yield job
+        except LoomError as exc:
+            error = exc
+            raise
+        except Exception as exc:
+            error = LoomError(f"{kind} failed: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            with self._lock:
+                reg.utilities.pop(job.id, None)
+            if bounded:
+                self.release_utility(reg)
+            self._request_outcome(reg, job, error)
 
     def drain(self, name: str) -> Registration:
         return self._gate(name, "drained")
@@ -688,9 +740,11 @@ class Registry:
     # ---- shutdown -----------------------------------------------------------------------------------
 
     def requests(self, model: str | None = None) -> list[dict[str, Any]]:
-        """Every live request (active, then pending per deployment), ordered by id."""
+        """Every live request (service jobs, active or pending, and CPU utilities), ordered by id."""
         regs = [self.get(model)] if model is not None else self.registrations()
         out = [r for reg in regs if reg.service is not None for r in reg.service.requests()]
+        with self._lock:
+            out += [u.describe("active") for reg in regs for u in reg.utilities.values()]
         return sorted(out, key=lambda r: r["id"])
 
     def sessions(self, model: str | None = None) -> list[dict[str, Any]]:
@@ -722,7 +776,7 @@ class Registry:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["Registration", "Registry"]
+__all__ = ["Registration", "Registry", "Utility"]
 
 
 def _check_state_scopes(doc: ModelDocument, ex: Executables, spec: Any) -> None:

@@ -183,12 +183,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     body = await json_body(request)
-    model, _, _, _ = validate_chat(body)
+    model, _, _, max_tokens = validate_chat(body)
     for header in SESSION_HEADERS:
         if header in request.headers:
             raise InvalidRequest(f"{header} selects cached history; input-token counting is stateless and "
                                  "rejects it", param=header)
-    count = await asyncio.to_thread(inference.count_chat, request.app[REGISTRY], model, body, request.path)
+    count = await asyncio.to_thread(inference.count_chat, request.app[REGISTRY], model, body, request.path,
+                                    max_tokens=max_tokens)
     return json_response({"input_tokens": count})
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +27,9 @@ LONG = {"model": "scout", "messages": [{"role": "user", "content": "Count from 1
         "temperature": 0, "max_tokens": 64}
 
 
+SCOUT_MAX_OUTPUT = 96   # the `scout` daemon's limits.max_output_tokens (above LONG's 72-token test)
+
+
 def body(content: str, max_tokens: int, **extra) -> dict:
     return {"model": "scout", "messages": [{"role": "user", "content": content}], "temperature": 0,
             "max_tokens": max_tokens, **extra}
@@ -34,7 +38,8 @@ def body(content: str, max_tokens: int, **extra) -> dict:
 @pytest.fixture(scope="module")
 def scout(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scout-chat")
-    server = start_scout(tmp, write_document(tmp, "mini"), rows=4, context_length=512, max_output_tokens=64)
+    server = start_scout(tmp, write_document(tmp, "mini"), rows=4, context_length=512,
+                         max_output_tokens=SCOUT_MAX_OUTPUT)
     try:
         yield server
     finally:
@@ -200,7 +205,7 @@ def test_discovery_reports_the_text_capabilities(scout):
     loom = models["scout"]["loom"]
     assert loom["endpoint"] == "/v1/chat/completions"
     assert loom["tokenize"] is True and loom["input_tokens"] is True
-    assert loom["context_length"] == 512 and loom["limits"] == {"max_output_tokens": 64}
+    assert loom["context_length"] == 512 and loom["limits"] == {"max_output_tokens": SCOUT_MAX_OUTPUT}
 
 
 def test_bad_session_names_and_checkpoints_are_400(scout):
@@ -388,3 +393,106 @@ def test_sigterm_finishes_streams_in_flight_then_exits_0(tmp_path):
         code = server.stop()
     assert code == 0, "".join(server.output)
     assert "loomd: stopped" in "".join(server.output)
+
+
+# ---- issue 23's audit: deviations from the spec, each pinned ---------------------------------------
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_an_output_cap_above_the_advertised_limit_is_400(scout, key):
+    """Discovery advertises `limits.max_output_tokens`; a request above it is refused, naming
+    the field and the limit, by generation and by input-token counting alike."""
+    advertised = {m["id"]: m for m in scout.request("GET", "/v1/models").json()["data"]}["scout"]["loom"]["limits"]
+    limit = advertised["max_output_tokens"]
+    request = body("Hi", 1)
+    del request["max_tokens"]
+    for path in ("/v1/chat/completions", "/v1/chat/completions/input_tokens"):
+        error = error_of(scout.request("POST", path, {**request, key: limit + 1}), 400)
+        assert error["param"] == key and str(limit) in error["message"], error
+        assert "limits.max_output_tokens" in error["message"], error
+    counted = scout.request("POST", "/v1/chat/completions/input_tokens", {**request, key: limit})
+    assert counted.status == 200, counted.body
+    r = chat(scout, {**request, key: limit})   # "Hi" ends its turn long before the cap
+    assert r.status == 200, r.body
+    assert r.json()["usage"]["completion_tokens"] <= limit
+
+
+CURL_BODY = {"model": "scout", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
+
+
+def test_curl_default_content_type_with_a_json_body_is_accepted(scout):
+    """`curl URL -d '{...}'` labels the JSON application/x-www-form-urlencoded (what people
+    type first): run curl itself, as a user would, and get the completion."""
+    url = f"http://127.0.0.1:{scout.port}/v1/chat/completions"
+    done = subprocess.run(["curl", "-sS", "--fail-with-body", "--max-time", "120", url, "-d", json.dumps(CURL_BODY)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    result = json.loads(done.stdout)
+    assert result["object"] == "chat.completion" and result["usage"]["completion_tokens"] == 1
+
+
+def test_real_form_data_is_still_400(scout):
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for raw in (b"a=1&b=2", b"model=scout&messages=hi", b"[1, 2]"):
+        error = error_of(scout.request("POST", "/v1/chat/completions", raw, form), 400)
+        assert "application/json" in error["message"], error
+    # a body that starts like JSON under the form type is strict JSON like any other
+    duplicate = json.dumps(CURL_BODY)[:-1] + ', "max_tokens": 2}'
+    error = error_of(scout.request("POST", "/v1/chat/completions", duplicate, form), 400)
+    assert error["param"] == "max_tokens", error
+    error = error_of(scout.request("POST", "/v1/chat/completions", json.dumps(CURL_BODY), {"Content-Type": "text/plain"}),
+                     400)
+    assert "application/json" in error["message"], error
+
+
+UNKNOWN_MESSAGE_FIELDS = {
+    "name on a user message": ([{"role": "user", "content": "Hi", "name": "ann"}], "messages[0].name"),
+    "name on a system message": ([{"role": "system", "content": "Be brief.", "name": "x"},
+                                  {"role": "user", "content": "Hi"}], "messages[0].name"),
+    "tool_call_id on a user message": ([{"role": "user", "content": "Hi", "tool_call_id": "call_0"}],
+                                       "messages[0].tool_call_id"),
+    "tool_calls on a user message": ([{"role": "user", "content": "Hi", "tool_calls": []}], "messages[0].tool_calls"),
+    "tool_call_id on an assistant message": ([{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "content": "Hello.", "tool_call_id": "c"},
+                                             {"role": "user", "content": "Again"}], "messages[1].tool_call_id"),
+    "an unknown field": ([{"role": "user", "content": "Hi", "weight": 2}], "messages[0].weight"),
+    "an unknown field in a text part": ([{"role": "user", "content": [{"type": "text", "text": "Hi", "lang": "en"}]}],
+                                        "messages[0].content[0].lang"),
+    "an unknown role": ([{"role": "robot", "content": "Hi"}], "messages[0].role"),
+}
+
+
+@pytest.mark.parametrize("messages, param", UNKNOWN_MESSAGE_FIELDS.values(), ids=UNKNOWN_MESSAGE_FIELDS.keys())
+def test_a_message_field_the_template_does_not_render_is_400(scout, messages, param):
+    """Unknown fields reject (spec), inside messages too: scout's policy declares each role's
+    fields (`message_fields()`), and a field it would drop is named instead of ignored."""
+    for path in ("/v1/chat/completions", "/v1/chat/completions/input_tokens"):
+        error = error_of(scout.request("POST", path, {**body("Hi", 1), "messages": messages}), 400)
+        assert error["param"] == param, error
+        assert param in error["message"], error
+
+
+def test_the_fields_each_role_may_carry_are_accepted(scout):
+    """A tool result's tool_call_id, an assistant's tool_calls and text parts are rendered
+    or accepted: the fields an OpenAI client sends for a tool conversation."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "18 degrees"},
+                {"role": "user", "content": "Thanks."}]
+    r = chat(scout, {**body("Hi", 1), "messages": messages, "tools": [WEATHER]})
+    assert r.status == 200, r.body
+
+
+@pytest.mark.parametrize("seed", [18446744073709551616, -18446744073709551616, 10**30])
+def test_a_seed_beyond_64_bits_is_named_out_of_range(scout, seed):
+    """Not "the body is not valid JSON": the field, its value and the range are named."""
+    error = error_of(chat(scout, body("Hi", 1, seed=seed)), 400)
+    assert error["param"] == "seed", error
+    assert error["message"].startswith(f"seed: {seed} is out of range"), error
+    assert "18446744073709551615" in error["message"], error
+    assert "not valid JSON" not in error["message"], error
+
+
+def test_the_largest_seed_is_accepted(scout):
+    assert chat(scout, body("Hi", 1, seed=18446744073709551615)).status == 200

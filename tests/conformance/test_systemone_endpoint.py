@@ -4,7 +4,8 @@
 One daemon for the module: the judge sample document itself (scout's weights, its control
 program and `decide` stage), `judge-small` (the same sample with a document that lowers the
 source's question bound to 2 through `config.max_question_count` and its KV pool to 64
-positions) and the tiny `mini` model (not a decision deployment).
+positions), the tiny `mini` model (not a decision deployment) and `undecided` (a decision
+document over mini's program, which has no `decide` stage: native-only).
 
 The numbers are checked against an independent computation of the same decisions: the
 prompts and label tokens are rendered here from the documented framing
@@ -71,9 +72,10 @@ def small_judge_document(directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("judge")
-    server = Daemon.start(tmp, [JUDGE, small_judge_document(tmp), write_document(tmp, "mini")])
+    undecided = write_document(tmp, "undecided", kind="decision", rows=None, context_length=None)
+    server = Daemon.start(tmp, [JUDGE, small_judge_document(tmp), write_document(tmp, "mini"), undecided])
     try:
-        ok = wait_ready(server, ["judge", "judge-small", "mini"], timeout=300)
+        ok = wait_ready(server, ["judge", "judge-small", "mini", "undecided"], timeout=300)
         assert ok, "judge did not become ready: " + server.request("GET", "/v1/status").body.decode()
         yield server
     finally:
@@ -402,6 +404,19 @@ def test_model_rules(judge):
     assert decide(judge, {"model": "nobody", "state": "s", "questions": {"q": NOUL}}).status == 404
     r = decide(judge, {"model": "mini", "state": "s", "questions": {"q": NOUL}})
     assert r.status == 404 and r.json()["error"]["param"] == "model", r.body
+
+
+def test_a_decision_deployment_without_its_stage_is_404(judge):
+    """`undecided` is a decision document over the mini program, which declares no `decide`
+    stage: it is native-only, so its HTTP endpoint is 404 naming the model (issue 23's audit
+    found a 500, an AttributeError on its absent policy), and it still serves nothing else."""
+    r = decide(judge, {"model": "undecided", "state": "s", "questions": {"q": NOUL}})
+    assert r.status == 404, (r.status, r.body[:300])
+    error = r.json()["error"]
+    assert error["param"] == "model" and error["code"] == "not_found", error
+    assert "undecided" in error["message"] and "decide" in error["message"], error
+    models = {m["id"]: m["loom"] for m in judge.request("GET", "/v1/models").json()["data"]}
+    assert "endpoint" not in models["undecided"] and models["judge"]["endpoint"] == "/v1/systemone"
 
 
 def test_errors_leave_no_pages_or_requests_behind(judge, example):

@@ -7,6 +7,9 @@ the tiny `mini` model, which has no tokenizer and is not a text deployment."""
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
 
 import pytest
 
@@ -216,3 +219,81 @@ def test_input_tokens_works_while_every_row_is_busy(scout):
         assert detokenize(scout, {"tokens": [1]}).status == 200
         assert scheduler(scout)["active"] == 1  # the row was busy throughout
     wait_until(lambda: scheduler(scout)["active"] == 0, "the closed stream's row to free")
+
+
+# ---- utility requests in request inspection (issue 23's audit) -----------------------------------------
+
+def journal_after(server, cursor: int) -> tuple[list[dict], int]:
+    """Every journal entry after `cursor`, paging /logz to the end, and the cursor after them."""
+    out = []
+    while True:
+        r = server.request("GET", f"/logz?cursor={cursor}&limit=1000")
+        assert r.status == 200, r.body
+        page = [json.loads(line) for line in r.body.decode().splitlines()]
+        cursor = int(r.headers["x-loom-cursor"])
+        if not page:
+            return out, cursor
+        out += [e for e in page if e.get("event") != "gap"]
+
+
+def scout_tokens(server) -> dict[str, float]:
+    """loom_tokens_total of scout by direction (the inference-token counters)."""
+    text = server.request("GET", "/metrics").body.decode()
+    found = re.findall(r'^loom_tokens_total\{direction="(\w+)",model="scout"\} (\S+)$', text, re.M)
+    return {d: float(v) for d, v in found}
+
+
+def test_utility_requests_end_with_a_request_event_and_count_no_tokens(scout):
+    """Spec: utility requests appear in request inspection and outcome counters, but never
+    increment inference-token counters. Each one is a `request` journal entry (its kind,
+    route and what it counted; a failure with its error), published before the answer."""
+    _, cursor = journal_after(scout, 0)
+    tokens_before = scout_tokens(scout)
+    ids = tokenize(scout, {"content": "Hello!"}).json()["tokens"]
+    assert detokenize(scout, {"tokens": ids}).status == 200
+    n = count(scout, CHAT).json()["input_tokens"]
+    error_of(tokenize(scout, {"content": "1" * (MAX_TOKENS + 1)}), 413)
+    entries, _ = journal_after(scout, cursor)
+    requests = [e for e in entries if e["event"] == "request"]
+    shown = [(e["kind"], e["route"], e["model"]) for e in requests]
+    assert shown == [("tokenize", "/tokenize", "scout"), ("detokenize", "/detokenize", "scout"),
+                     ("input_tokens", "/v1/chat/completions/input_tokens", "scout"),
+                     ("tokenize", "/tokenize", "scout")], requests
+    assert requests[0]["tokens"] == len(ids) and requests[1]["tokens"] == len(ids)
+    assert requests[2]["input_tokens"] == n and "prompt_tokens" not in requests[2]
+    assert "error" not in requests[0] and requests[3]["error"]["status"] == 413, requests
+    assert len({e["request"] for e in requests}) == 4   # request ids, as /v1/requests shows them
+    assert scout_tokens(scout) == tokens_before
+
+
+LONG_TEXT = "Hello world, this is text. " * 30_000   # ~210,000 tokens: under the bound, a visible moment of work
+
+
+def test_a_running_utility_request_is_listed(scout):
+    """While a tokenizer works on a long text, `/v1/requests` lists it (kind, model, state);
+    polled with a deadline, re-sending the long tokenize until a poll catches one."""
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def work() -> None:
+        while not stop.is_set():
+            statuses.append(tokenize(scout, {"content": LONG_TEXT}, timeout=120).status)
+
+    worker = threading.Thread(target=work, name="long-tokenize")
+    worker.start()
+    try:
+        deadline = time.monotonic() + 120
+        listed = None
+        while listed is None:
+            assert time.monotonic() < deadline, "no utility request was ever listed by /v1/requests"
+            page = scout.request("GET", "/v1/requests?model=scout").json()
+            listed = next((r for r in page["data"] if r["kind"] == "tokenize"), None)
+    finally:
+        stop.set()
+        worker.join(timeout=240)
+    assert not worker.is_alive()
+    assert set(statuses) <= {200}, statuses
+    assert {k: listed[k] for k in ("object", "model", "kind", "state", "utility")} == {
+        "object": "request", "model": "scout", "kind": "tokenize", "state": "active", "utility": True}, listed
+    assert isinstance(listed["id"], int) and listed["id"] > 0
+    assert scout.request("GET", "/v1/requests?model=scout").json()["data"] == []
