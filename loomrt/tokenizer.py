@@ -196,8 +196,9 @@ def _is_inventory(path: Path) -> bool:
 def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
     """The tokenizer a deployment names: a `.json` file is a `tokenizer.json` and is read as
     is, or a speech model's phoneme inventory (`loomrt.phonemizer`); a `.gguf` is built from its metadata (`tokenizer_from_gguf`) and saved under
-    `<cache>/tokenizers/<sha256>.json`, which later loads reuse instead of rebuilding. A cached
-    file that does not load is rebuilt and replaced."""
+    `<cache>/tokenizers/<sha256>.json` with its content's sha256 in `<sha256>.json.sha256`; later
+    loads reuse it instead of rebuilding. An entry whose bytes do not match that digest, or that
+    does not load, is rebuilt and replaced, never used."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".json":
@@ -208,14 +209,37 @@ def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer
     if suffix != ".gguf":
         raise ValueError(f"{path}: a tokenizer is a tokenizer.json (.json) or a GGUF checkpoint (.gguf)")
     cached = cache_path_for(path, cache_dir)
-    if cached.is_file():
-        try:
-            return Tokenizer.from_file(str(cached))
-        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt, not fatal
-            pass
+    tok = _read_cached(cached)
+    if tok is not None:
+        return tok
     tok = tokenizer_from_gguf(path)
-    write_atomically(cached, tok.to_str(), parents=True)  # a concurrent loader never reads half a file
+    data = tok.to_str().encode("utf-8")
+    # The entry first, then its digest: a crash between the two leaves a digest that does not
+    # match, so the next load rebuilds. Each write is atomic (a concurrent loader never reads half a file).
+    write_atomically(cached, data, parents=True)
+    write_atomically(_digest_path(cached), hashlib.sha256(data).hexdigest() + "\n")
     return tok
+
+
+def _digest_path(cached: Path) -> Path:
+    return cached.with_name(cached.name + ".sha256")
+
+
+def _read_cached(cached: Path) -> Tokenizer | None:
+    """The cached tokenizer, or None when the entry is missing, its bytes do not match the
+    sha256 saved beside it (truncated or damaged, as by a crash or a full disk: a damaged
+    entry that still parses would tokenize wrongly), or it does not load."""
+    try:
+        data = cached.read_bytes()
+        digest = _digest_path(cached).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if hashlib.sha256(data).hexdigest() != digest:
+        return None
+    try:
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except Exception:  # noqa: BLE001 - an entry that does not load is rebuilt, not fatal
+        return None
 
 
 __all__ = ["BUILDER_VERSION", "BYTE_LEVEL_PRE_TOKENIZERS", "cache_path_for", "chat_template_of", "load_tokenizer",

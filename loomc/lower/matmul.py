@@ -215,11 +215,9 @@ def render_module(motif: str = "matmul") -> str:
 def load_function(motif: str = "matmul", cache_dir: Path | None = None):
     """The compiled (lazily, then cached on disk) numba dispatcher of `motif`: it takes
     (a, b, c, workspace) with a group dimension in front (1 for the unbatched motifs)."""
-    from loomc.files import write_atomically
-    from loomc.lower.numba import load_module, module_path
+    from loomc.lower.numba import ensure_module, load_module, module_path
 
     text = render_module(motif)
     path = module_path(text, cache_dir)
-    if not path.exists():
-        write_atomically(path, text, parents=True)
+    ensure_module(path, text)   # a damaged entry is written again, never imported
     return getattr(load_module(path), function_name(motif))

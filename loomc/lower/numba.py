@@ -31,6 +31,7 @@ The helpers (`_lm_*`) live in `numba_helpers.py` and are copied into each module
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import sys
@@ -425,9 +426,26 @@ def module_path(text: str, cache_dir: Path | None = None) -> Path:
 _LOADED: dict[Path, object] = {}
 
 
+def ensure_module(path: Path, text: str) -> None:
+    """Make the kernel cache entry at `path` hold exactly `text`. An entry that is missing, or
+    whose bytes differ from the text its name was derived from (truncated or overwritten by a
+    crash, a full disk, a hand edit), is written again: a generated module is never imported
+    from bytes we did not render in this process. Reading it back is cheap next to importing it.
+    Rewriting changes its mtime, which is numba's index stamp, so numba's own cache files for
+    the old bytes are ignored and recompiled."""
+    data = text.encode("utf-8")
+    try:
+        intact = path.read_bytes() == data
+    except OSError:
+        intact = False
+    if not intact:
+        write_atomically(path, data, parents=True)  # a reader importing the same kernel never sees part of it
+
+
 def load_module(path: Path):
     """Import a generated module once per process (registered in sys.modules, which
-    numba's cache needs to find the functions again)."""
+    numba's cache needs to find the functions again), with numba's disk cache of each of its
+    functions replaced by the checksummed one (`ChecksummedFunctionCache`)."""
     module = _LOADED.get(path)
     if module is None:
         name = "_loom_" + path.stem
@@ -435,6 +453,7 @@ def load_module(path: Path):
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
+        _checksum_caches(module)
         _LOADED[path] = module
     return module
 
@@ -444,7 +463,92 @@ def load_group(group: ir.KernelGroup, cache_dir: Path | None = None) -> list:
     cached on disk next to the generated file)."""
     text = render_module(group)
     path = module_path(text, cache_dir)
-    if not path.exists():
-        write_atomically(path, text, parents=True)  # a reader importing the same kernel never sees part of it
+    ensure_module(path, text)
     module = load_module(path)
     return [getattr(module, function_name(k)) for k in group.parts]
+
+
+# ---- numba's cache files, checksummed ----------------------------------------------------------------
+#
+# numba writes its index (`.nbi`: source stamp -> data file per signature) and data files (`.nbc`:
+# the pickled compiled library) itself, by temp file + rename but without fsync, and unpickles
+# them as they are: a truncated file raises from inside the first call of a kernel, and a
+# damaged one that still unpickles would load damaged machine code. Ours prefix every pickle
+# with a magic and its sha256, and treat a file whose digest does not match (or an older
+# file without one) as absent: numba then compiles the signature again and its save replaces
+# the entry. Nothing is unpickled before its digest is checked.
+
+_CACHE_MAGIC = b"loom-nb1"
+
+
+def _sealed(payload: bytes) -> bytes:
+    return _CACHE_MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _unsealed(data: bytes) -> bytes | None:
+    """The payload of a sealed file, or None when it is not one or its digest does not match."""
+    head = len(_CACHE_MAGIC)
+    if len(data) < head + 32 or not data.startswith(_CACHE_MAGIC):
+        return None
+    digest, payload = data[head:head + 32], data[head + 32:]
+    return payload if hashlib.sha256(payload).digest() == digest else None
+
+
+class _CorruptCacheFile(Exception):
+    """A numba cache file whose checksum does not match: treated as a cache miss."""
+
+
+@functools.cache
+def _checked_cache_file_class():
+    import pickle
+
+    from numba.core.caching import IndexDataCacheFile
+
+    class ChecksummedCacheFile(IndexDataCacheFile):
+        def _dump(self, obj) -> bytes:
+            return _sealed(super()._dump(obj))
+
+        def _load_index(self) -> dict:
+            try:
+                with open(self._index_path, "rb") as f:
+                    version = pickle.load(f)
+                    data = f.read()
+            except FileNotFoundError:
+                return {}
+            except Exception:  # noqa: BLE001 - a truncated version pickle: the index is rewritten on save
+                return {}
+            payload = _unsealed(data) if version == self._version else None
+            if payload is None:
+                return {}
+            stamp, overloads = pickle.loads(payload)
+            return overloads if stamp == self._source_stamp else {}
+
+        def _load_data(self, name: str):
+            with open(self._data_path(name), "rb") as f:
+                payload = _unsealed(f.read())
+            if payload is None:
+                raise _CorruptCacheFile(name)
+            return pickle.loads(payload)
+
+        def load(self, key):
+            try:
+                return super().load(key)
+            except _CorruptCacheFile:
+                return None  # compiled again; numba's save then overwrites this data file
+
+    return ChecksummedCacheFile
+
+
+def _checksum_caches(module) -> None:
+    """Give every cached numba dispatcher in `module` a cache whose files carry a checksum."""
+    from numba.core.caching import FunctionCache
+    from numba.core.dispatcher import Dispatcher
+
+    cache_file = None
+    for value in vars(module).values():
+        cache = getattr(value, "_cache", None) if isinstance(value, Dispatcher) else None
+        if type(cache) is FunctionCache:
+            cache_file = cache_file or _checked_cache_file_class()
+            old = cache._cache_file
+            cache._cache_file = cache_file(cache_path=old._cache_path, filename_base=old._index_name[:-len(".nbi")],
+                                           source_stamp=old._source_stamp)
