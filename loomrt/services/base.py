@@ -138,8 +138,12 @@ class StageService:
         with self._cond:
             if self._stopping is not None:
                 raise Unavailable(f"model '{self.model}' is being removed")
-            free = len(self._pending) + 1 if self.max_active is None else self.max_active - len(self._active)
-            if len(self._pending) >= max(0, free) + self.pending_capacity:
+            # Jobs cancelled while pending (their clients left) are dropped at the next boundary;
+            # until then they must not hold queue places, or a burst of abandoned requests
+            # turns away live ones with 503 (the disconnect storm test).
+            waiting = sum(1 for j in self._pending if j.cancelled is None)
+            free = waiting + 1 if self.max_active is None else self.max_active - len(self._active)
+            if waiting >= max(0, free) + self.pending_capacity:
                 raise QueueFull(f"model '{self.model}': the pending queue is full ({self.pending_capacity} "
                                 "requests wait already); retry later")
             for step in job.steps:

@@ -4,9 +4,10 @@ One daemon serves scout (chat, 4 rows) and encoder (known-token sequences, 2 row
 streamed requests (about 70% chats, 30% sequences), at most 32 at a time over raw sockets,
 are each abandoned at a seeded random point: right after the response head, after k SSE
 events, or in the middle of a chunk; the client closes normally (FIN) or abortively (RST).
-Requests the queue cannot take are refused with 503 (`queue_full`) and count as refused,
-never as a failure; nothing may answer >= 500 otherwise, and no request may hang past its
-deadline.
+Every request is answered 200 (no request may hang past its deadline): at most 32
+clients are connected at once and each deployment queues 64, so a 503 `queue_full` would
+mean that abandoned requests still held queue places (they did, until cancelled pending jobs
+stopped counting against `pending_capacity`).
 
 Afterwards `/v1/status` must return (polled with a generous deadline) to rest: no active or
 pending request in either scheduler, every KV page of scout held only by retained
@@ -176,10 +177,8 @@ def test_abandoned_streams_leave_no_rows_pages_or_sessions(server):
     started = time.monotonic()
     outcomes = asyncio.run(storm(server.port, plans))
     elapsed = time.monotonic() - started
-    refused = [o for o in outcomes if o == 503]
-    failed = [(p["path"], p["where"], o) for p, o in zip(plans, outcomes) if o not in (200, 503)]
+    failed = [(p["path"], p["where"], o) for p, o in zip(plans, outcomes) if o != 200]
     assert not failed, f"{len(failed)} of {REQUESTS} failed (storm {elapsed:.1f} s): {failed[:10]}"
-    assert len(refused) < REQUESTS // 2, f"{len(refused)} refused with 503: the queue barely took any"
 
     deadline = time.monotonic() + SETTLE_DEADLINE_S
     while not at_rest(now := status(server)):
@@ -199,4 +198,4 @@ def test_abandoned_streams_leave_no_rows_pages_or_sessions(server):
 
     normal = chat(server, {"model": "scout", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
     assert normal.status == 200 and normal.json()["choices"][0]["message"]["content"], normal.body
-    print(f"storm: {REQUESTS} requests in {elapsed:.1f} s, {len(refused)} refused with 503")
+    print(f"storm: {REQUESTS} requests in {elapsed:.1f} s")
