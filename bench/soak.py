@@ -237,11 +237,13 @@ async def wait_ready(base: str, process: subprocess.Popen | None) -> list[str]:
 
 # ---- the run --------------------------------------------------------------------------------------
 
-async def probe(base: str, traffic: Traffic, tally: Tally) -> dict[str, int]:
+async def probe(base: str, traffic: Traffic, tally: Tally, kinds: list[str]) -> dict[str, int]:
     """One request of each kind, in turn (compiles kernels); the weights of the kinds offered."""
     weights = {}
     async with aiohttp.ClientSession() as client:
         for kind, weight in Traffic.WEIGHTS.items():
+            if kind not in kinds:
+                continue
             status, detail = await send(client, base, traffic.request(kind), traffic)
             if status == 200:
                 weights[kind] = weight
@@ -256,7 +258,7 @@ async def probe(base: str, traffic: Traffic, tally: Tally) -> dict[str, int]:
 async def soak(base: str, args, pid: int | None) -> tuple[Tally, list[tuple[float, int]]]:
     traffic = Traffic(args.seed, args.max_tokens)
     tally = Tally()
-    weights = await probe(base, traffic, tally)
+    weights = await probe(base, traffic, tally, args.kinds.split(","))
     kinds, cumulative = list(weights), list(itertools.accumulate(weights.values()))
     rss: list[tuple[float, int]] = []
     start = time.monotonic()
@@ -269,22 +271,43 @@ async def soak(base: str, args, pid: int | None) -> tuple[Tally, list[tuple[floa
             status, detail = await send(client, base, traffic.request(kind), traffic)
             tally.add(kind, status, time.monotonic() - t0, detail)
 
-    async def monitor() -> None:
+    async def monitor(client: aiohttp.ClientSession) -> None:
         while True:
             now = time.monotonic() - start
             value = rss_bytes(pid) if pid is not None else None
             if value is not None:
                 rss.append((now, value))
+            pages = await kv_pages(client, base)
             print(f"[{now:7.0f} s] {tally.total():7d} requests, {tally.errors()} errors >= 500/transport"
-                  + (f", RSS {value / 2**20:8.1f} MiB" if value is not None else ""), flush=True)
+                  + (f", RSS {value / 2**20:8.1f} MiB" if value is not None else "") + f", KV pages {pages}",
+                  flush=True)
             if now >= args.duration:
                 return
             await asyncio.sleep(min(args.interval, max(args.duration - now, 0.1)))
 
     connector = aiohttp.TCPConnector(limit=args.concurrency)
     async with aiohttp.ClientSession(connector=connector) as client:
-        await asyncio.gather(monitor(), *(client_loop(client) for _ in range(args.concurrency)))
+        async with aiohttp.ClientSession() as observer:   # its own connection: never queued behind the clients
+            await asyncio.gather(monitor(observer), *(client_loop(client) for _ in range(args.concurrency)))
     return tally, rss
+
+
+async def kv_pages(client: aiohttp.ClientSession, base: str) -> str:
+    """KV pages ever written so far, per deployment that has a pool ("used/total" from /v1/status).
+    The pools are allocated zeroed at preparation, and the OS backs a page of one with memory
+    only when it is first written: RSS grows until every page has been used once, which is
+    warm-up, not a leak (see the verdict in docs/operations.md, "Soak")."""
+    try:
+        async with client.get(base + "/v1/status") as r:
+            regs = (await r.json())["registrations"]
+    except (aiohttp.ClientError, OSError, ValueError, KeyError):
+        return "?"
+    out = []
+    for reg in regs:
+        s = reg.get("scheduler") or {}
+        if "pages_used" in s:
+            out.append(f"{reg['model']} {s['pages_used']}/{s['pages_used'] + s['pages_free']}")
+    return ", ".join(out)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -334,6 +357,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, help="seconds before RSS growth is measured (default 10%% of --duration)")
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between RSS samples (default 15)")
     parser.add_argument("--max-tokens", type=int, default=16, help="largest max_tokens of a chat (default 16)")
+    parser.add_argument("--kinds", default=",".join(Traffic.WEIGHTS),
+                        help="the kinds of traffic, comma-separated (default: all; a subset tells which leaks)")
     parser.add_argument("--seed", type=int, default=23)
     args = parser.parse_args()
 
