@@ -43,8 +43,16 @@ def host_sizes(module: CompiledModule, doc: ModelDocument) -> dict[str, int]:
 
 
 def allocate_state(module: CompiledModule, doc: ModelDocument) -> dict[str, np.ndarray]:
+    """The deployment's state arrays, zeroed and written once. `np.zeros` maps pages that are
+    backed by memory only when first written, so without the write RSS would grow for as long
+    as requests reach KV pages never used before (up to the whole pool, which `/v1/status`
+    charges as `state` from preparation on): a soak reads that as a leak, and a machine short
+    of memory would fail mid-request instead of at preparation."""
     sizes = host_sizes(module, doc)
-    return {name: allocate(spec.dtype, [sizes[spec.scope], *spec.dims]) for name, spec in module.states.items()}
+    state = {name: allocate(spec.dtype, [sizes[spec.scope], *spec.dims]) for name, spec in module.states.items()}
+    for array in state.values():
+        array.fill(0)
+    return state
 
 
 def state_bytes(state: dict[str, np.ndarray]) -> int:
