@@ -48,7 +48,7 @@ def scheduler(daemon: Daemon, name: str) -> dict[str, Any]:
 
 def run_chat(daemon: Daemon, name: str, stream: bool) -> dict[str, Any]:
     """One in-flight request's outcome: {"status", and "events" (streamed) or "body"}."""
-    body = {"model": name, "messages": PROMPT, "max_tokens": 24, "temperature": 0}
+    body = {"model": name, "messages": PROMPT, "max_tokens": 8, "temperature": 0}
     if not stream:
         response = chat(daemon, body, timeout=REQUEST_DEADLINE_S)
         return {"status": response.status, "body": response.json()}
