@@ -18,6 +18,7 @@ stay their raw block bytes `[..., K / 32 * bytes_per_block]`, BF16 comes out as 
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ from loomrt.errors import CheckpointError
 
 VERSIONS = (2, 3)  # version 1 had 32-bit counts
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses more, and numpy cannot reshape to thousands
+MAX_ELEMENTS = 2**63 - 1  # llama.cpp's int64 element counts; a larger dim cannot even be a numpy shape
 # Metadata value types: struct codes of the scalars, and the two compound types.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
@@ -120,7 +123,11 @@ class GgufCheckpoint(Checkpoint):
         for _ in range(tensor_count):
             name = cur.string()
             (n_dims,) = cur.unpack("I")
+            if n_dims > MAX_DIMS:
+                raise ValueError(f"tensor '{name}' has {n_dims} dimensions (GGUF allows at most {MAX_DIMS})")
             dims = cur.unpack(f"{n_dims}Q")
+            if any(d > MAX_ELEMENTS for d in dims) or math.prod(dims) > MAX_ELEMENTS:
+                raise ValueError(f"tensor '{name}' claims dims {list(dims)}, more than 2^63 - 1 elements")
             ggml_type, offset = cur.unpack("IQ")
             table.append((name, tuple(reversed(dims)), ggml_type, offset))
         alignment = self.metadata("general.alignment", DEFAULT_ALIGNMENT)

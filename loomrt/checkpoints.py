@@ -97,6 +97,8 @@ class Checkpoint:
         (copy-on-write): a view, copied only when `start` is not a multiple of the item size."""
         if raw is None:
             raise CheckpointError(f"checkpoint {self.path.name} is closed")
+        if any(d < 0 or d >= 2**63 for d in shape):   # a header's claim no array can have
+            raise CheckpointError(f"checkpoint {self.path.name}: '{info.name}' has an impossible shape {list(shape)}")
         end = start + math.prod(shape) * dtype.itemsize
         if end > len(raw):
             raise CheckpointError(f"checkpoint {self.path.name}: '{info.name}' ({info}) runs past the end of the file")

@@ -60,6 +60,10 @@ def test_fuzzed_requests_get_no_5xx_no_hang_and_json_errors(fuzz_daemon):
     report = "\n".join(f"case {i} ({c.family} {c.route}: {c.mutation}; half_close={c.half_close}): "
                        f"statuses {out.statuses}, hung {out.hung}; {'; '.join(out.problems)[:400]}"
                        for i, c, out in summary.failures[:20])
+    if summary.failures:   # what the daemon holds now, for the diagnosis
+        status = server.request("GET", "/v1/status", timeout=30).json()
+        held = {r["model"]: r.get("scheduler") for r in status["registrations"]}
+        report += f"\nschedulers after the run: {json.dumps(held)[:2000]}"
     assert not summary.failures, (f"{len(summary.failures)} of {COUNT} cases failed ({summary.line()}); "
                                   f"reproducers in {tmp / 'reproducers'}:\n{report}")
     assert sum(summary.by_status.values()) >= COUNT

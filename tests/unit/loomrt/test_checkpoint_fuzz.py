@@ -218,3 +218,18 @@ def test_a_claim_of_2_to_the_60_elements_is_refused_before_allocation(tmp_path):
         assert tracemalloc.get_traced_memory()[1] < PEAK_BYTES
     finally:
         tracemalloc.stop()
+
+
+@pytest.mark.parametrize("n_dims, dims", [(2, [2**63 + 3, 0]), (2, [2**40, 2**40]), (100, [1] * 100)],
+                         ids=["dim-past-int64-times-zero", "product-past-int64", "100-dims"])
+def test_gguf_shapes_no_array_can_have_are_refused(tmp_path, n_dims, dims):
+    """Found by the fuzzer: a zero dim made a 2^63 + 3 dim pass the end-of-file check, and
+    numpy's reshape then raised ValueError. GGUF has at most 4 dims of int64 elements in all."""
+    gguf = bytearray(_gguf(tmp_path))
+    name = b"f32"
+    at = gguf.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)   # n_dims (u32), then 3 dims (u64)
+    old = 4 + 8 * struct.unpack_from("<I", gguf, at)[0]
+    gguf[at:at + old] = struct.pack("<I", n_dims) + b"".join(struct.pack("<Q", d) for d in dims)
+    (tmp_path / "bad.gguf").write_bytes(bytes(gguf))
+    with pytest.raises(CheckpointError, match="dimensions|elements"):
+        open_checkpoint(tmp_path / "bad.gguf")
