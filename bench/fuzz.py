@@ -45,6 +45,7 @@ def main() -> int:
     else:
         print("starting loomd (scout, mini, spare) ...", flush=True)
         server = http_fuzz.start_daemon(tmp)
+        http_fuzz.warm_up(server)
         host, port = "127.0.0.1", server.port
     try:
         if args.replay:

@@ -794,14 +794,29 @@ TEXT, SEQUENCE, SPARE = "scout", "mini", "spare"
 
 
 def start_daemon(tmp: Path, *extra_args: str):
-    """A `loomd` serving scout (chat, tokenize, checkpoints), `mini` (sequences) and `spare` (a
-    `mini` the admin examples may drain, pin or remove): `tests/conformance/scout_daemon.start_scout`."""
+    """A `loomd` serving scout (chat, tokenize, checkpoints), `mini` (a native-only sequence
+    deployment: /v1/sequences bodies pass the host's checks, then get its 404) and `spare` (a `mini`
+    the admin examples may drain, pin or remove): `tests/conformance/scout_daemon.start_scout`."""
     from conformance_support import write_document
     from scout_daemon import start_scout
 
     docs = [write_document(tmp, SEQUENCE), write_document(tmp, SPARE)]
     return start_scout(tmp, *docs, extra_args=extra_args, rows=2, context_length=256, max_output_tokens=8,
                        checkpoint_capacity=2, session_cache_capacity=2)
+
+
+WARM_UP_TIMEOUT_S = 300.0
+
+
+def warm_up(server) -> None:
+    """Two chats (plain and streamed) before fuzzing. With a cold kernel cache, scout is ready before
+    its kernels are compiled: the first chat compiles them (30-50 s on a loaded 2-core machine)
+    and every chat admitted meanwhile waits, which the per-case deadline would count as hangs
+    of whatever fuzzed chats came first."""
+    chat = json.loads(normal_chat(TEXT).partition(b"\r\n\r\n")[2])
+    for body in (chat, {**chat, "stream": True}):
+        response = server.request("POST", "/v1/chat/completions", body, timeout=WARM_UP_TIMEOUT_S)
+        assert response.status == 200, (response.status, response.body[:500])
 
 
 def fuzz_inputs(tmp: Path, seed: int, count: int) -> Callable[[int], Case]:
@@ -817,4 +832,4 @@ def fuzz_inputs(tmp: Path, seed: int, count: int) -> Callable[[int], Case]:
 
 __all__ = ["Case", "Example", "Outcome", "Summary", "campaign", "check_error_body", "examples", "fuzz_inputs",
            "generate", "http_case", "json_case", "mini_sources", "missing_examples", "multipart_case", "mutate_json",
-           "normal_chat", "save_reproducer", "send", "served_routes", "start_daemon"]
+           "normal_chat", "save_reproducer", "send", "served_routes", "start_daemon", "warm_up"]

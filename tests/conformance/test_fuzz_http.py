@@ -32,6 +32,7 @@ def fuzz_daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
     server = http_fuzz.start_daemon(tmp)
     try:
+        http_fuzz.warm_up(server)
         yield server, tmp
     finally:
         code = server.stop()
