@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--start", type=int, default=0, help="first case number (to resume or re-run a range)")
     ap.add_argument("--url", help="HOST:PORT of a running loomd (default: start one)")
     ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--deadline", type=float, default=10.0, help="seconds a case may take before it counts as a hang")
+    ap.add_argument("--deadline", type=float, default=30.0, help="seconds a case may take before it counts as a hang")
     ap.add_argument("--out", type=Path, default=Path("fuzz-reproducers"))
     ap.add_argument("--replay", type=Path, help="send one saved .bin (half-closing after it) and print the answer")
     args = ap.parse_args()
@@ -60,6 +60,9 @@ def main() -> int:
         print(f"seed {args.seed}, cases {args.start}..{args.start + args.count - 1}, "
               f"{time.monotonic() - began:.0f} s")
         print("by status:", summary.line())
+        print(f"answered after {http_fuzz.SLOW_S:.0f} s (slow, not failed): {summary.slow}")
+        top = sorted(summary.closed_by.items(), key=lambda kv: -kv[1])[:15]
+        print("closed without an answer, by mutation:", ", ".join(f"{k} {v}" for k, v in top))
         kinds = {"5xx": 0, "hang": 0, "bad error body": 0}
         for i, c, out in summary.failures:
             kinds["5xx"] += any(s >= 500 for s in out.statuses)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 STREAMING_TYPES = ("text/event-stream",)
+SLOW_S = 10.0     # an answer later than this is counted (`Summary.slow`), not failed
 MAX_JSON_BYTES = 4 << 20   # below the daemon's 64 MiB body bound: mutated bodies reach the JSON decoder
 #: GET routes whose response never ends (they are reached only to check the head).
 ENDLESS = {"/logz/stream"}
@@ -313,6 +314,7 @@ class Case:
     pieces: list[bytes]
     half_close: bool = False       # shut our write side after sending (framing cases)
     expected: int = 1              # responses a server that parsed it as sent would give (pipelining)
+    head: bool = False             # the last request is a HEAD: its response has no body
 
     @property
     def data(self) -> bytes:
@@ -560,7 +562,8 @@ def http_case(example: Example, rng: random.Random) -> Case:
         wire = b"".join(pieces)
         cut = rng.randrange(len(wire) + 1)
         pieces = [wire[:cut], wire[cut:]]
-    return Case("http", "+".join(ops), f"{example.method} {example.path}", pieces, half_close, pipeline)
+    return Case("http", "+".join(ops), f"{example.method} {example.path}", pieces, half_close, pipeline,
+                method.upper() == "HEAD")
 
 
 # ---- generation ----------------------------------------------------------------------------------------
@@ -594,6 +597,7 @@ class Outcome:
     closed: bool = False         # the server closed (or reset) the connection
     hung: bool = False           # the deadline passed before any answer or close
     problems: list[str] = field(default_factory=list)   # error bodies that miss the OpenAI shape, ...
+    seconds: float = 0.0         # until the last response (or the close, or the deadline)
 
 
 def check_error_body(status: int, headers: dict[str, str], body: bytes) -> str | None:
@@ -706,9 +710,8 @@ def send(host: str, port: int, case: Case, deadline_s: float = 10.0) -> Outcome:
         except OSError:
             pass      # the server may close before reading everything (an early 4xx); read what it said
         wire = _Wire(sock, deadline)
-        head_only = case.pieces[0][:5] == b"HEAD "
         while len(out.statuses) < case.expected:
-            got = _read_response(wire, head_only)
+            got = _read_response(wire, case.head and len(out.statuses) == case.expected - 1)
             if got is None:
                 break
             status, headers, body = got
@@ -723,6 +726,7 @@ def send(host: str, port: int, case: Case, deadline_s: float = 10.0) -> Outcome:
                 break
         out.closed = wire.eof
         out.hung = not out.statuses and not wire.eof
+    out.seconds = deadline_s - (deadline - time.monotonic())
     return out
 
 
@@ -747,6 +751,8 @@ def mini_sources(weights: Path) -> dict[str, bytes]:
 class Summary:
     by_status: dict[str, int] = field(default_factory=dict)   # "400", "closed" (no answer, closed), "hang"
     failures: list[tuple[int, Case, Outcome]] = field(default_factory=list)   # >= 500, hangs, bad error bodies
+    closed_by: dict[str, int] = field(default_factory=dict)   # cases closed unanswered, by mutation
+    slow: int = 0     # answered, but after `SLOW_S` (queued behind other work on a loaded machine)
 
     def line(self) -> str:
         return ", ".join(f"{k}: {v}" for k, v in sorted(self.by_status.items()))
@@ -768,6 +774,10 @@ def campaign(host: str, port: int, case: Callable[[int], Case], count: int, *, s
             keys = [str(s) for s in out.statuses] or ["hang" if out.hung else "closed"]
             for key in keys:
                 summary.by_status[key] = summary.by_status.get(key, 0) + 1
+            summary.slow += out.seconds > SLOW_S and not out.hung
+            if keys == ["closed"]:
+                what = f"{c.family}:{c.mutation}" + (" (half-closed)" if c.half_close else "")
+                summary.closed_by[what] = summary.closed_by.get(what, 0) + 1
             if out.hung or out.problems or any(s >= 500 or s == 0 for s in out.statuses):
                 summary.failures.append((i, c, out))
             if progress is not None and n % 1000 == 0:
