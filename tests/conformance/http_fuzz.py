@@ -711,12 +711,13 @@ def send(host: str, port: int, case: Case, deadline_s: float = 10.0) -> Outcome:
             pass      # the server may close before reading everything (an early 4xx); read what it said
         wire = _Wire(sock, deadline)
         while len(out.statuses) < case.expected:
-            got = _read_response(wire, case.head and len(out.statuses) == case.expected - 1)
+            head = case.head and len(out.statuses) == case.expected - 1   # its answer has no body to check
+            got = _read_response(wire, head)
             if got is None:
                 break
             status, headers, body = got
             out.statuses.append(status)
-            if status >= 400 and body is not None:
+            if status >= 400 and body is not None and not head:
                 problem = check_error_body(status, headers, body)
                 if problem:
                     out.problems.append(problem)
