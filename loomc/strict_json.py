@@ -67,10 +67,16 @@ def loads(text: str | bytes, int_limit: int | None = None) -> Any:
 
 
 def _has_lone_surrogate(v: Any) -> bool:
-    if type(v) is str:
-        return any("\ud800" <= c <= "\udfff" for c in v)
-    if type(v) is list:
-        return any(_has_lone_surrogate(x) for x in v)
-    if type(v) is dict:
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(x) for k, x in v.items())
+    """Iterative: `json.loads` accepts nesting deeper than a recursive walk could follow."""
+    stack = [v]
+    while stack:
+        v = stack.pop()
+        if type(v) is str:
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                return True
+        elif type(v) is list:
+            stack.extend(v)
+        elif type(v) is dict:
+            stack.extend(v)
+            stack.extend(v.values())
     return False

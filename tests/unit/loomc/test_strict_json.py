@@ -36,3 +36,11 @@ def test_integer_limit_is_optional():
 
 def test_a_paired_surrogate_is_fine():
     assert loads('["\\ud83d\\ude00"]') == ["\U0001F600"]
+
+
+def test_a_lone_surrogate_deep_inside_nesting_json_accepts_is_refused_not_a_recursion_error():
+    """Found by bench/fuzz.py: 500 levels of objects decode, and the surrogate walk that followed
+    recursed two frames per level (RecursionError, a 500 from the daemon)."""
+    text = '{"a":' * 500 + '"\\ud800"' + "}" * 500
+    with pytest.raises(StrictJsonError, match="lone UTF-16 surrogate|nested too deeply"):
+        loads(text)
