@@ -22,8 +22,10 @@ Private aiohttp names (underscored), each the only way found to keep a tested be
 - `web.RequestHandler._messages`, read only, in `eof_received`: the `(message, payload)`
   pairs aiohttp parsed but has not started yet (pipelined requests). After a half-close, a
   queued request whose body was cut short must still get its 400, so its body decides whether
-  the connection stays open. (The body of the request in progress is learned through the
-  public request factory instead of the private `_current_request`.)
+  the connection stays open, and a queued parser error (aiohttp queues it as a message that
+  is not a `RawRequestMessage`) must still get its 400 before the connection closes. (The
+  body of the request in progress is learned through the public request factory instead of
+  the private `_current_request`.)
 
 Un-underscored but undocumented aiohttp names this module relies on (aiohttp exports them):
 
@@ -90,6 +92,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_protocol import ERROR as PARSER_ERROR_MESSAGE
 
 #: The aiohttp releases loomd is tested with: at least the first (major, minor), below the
@@ -149,6 +152,7 @@ class AdapterProtocol(web.RequestHandler):
         self._loom_timer: asyncio.TimerHandle | None = None
         self._loom_write_timer: asyncio.TimerHandle | None = None
         self._loom_handling = False       # a request handler runs for this connection
+        self._loom_refusing = False       # ... and it answers the parser's error (refused request)
         self._loom_body: aiohttp.StreamReader | None = None  # the body the body phase waits for
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -273,7 +277,10 @@ class AdapterProtocol(web.RequestHandler):
         """The client closed its side. With every request body complete (or the connection
         idle) that means it left, as uvicorn and aiohttp's own handler take it: returning None
         closes the transport and the handler is cancelled, so a generation nobody waits for
-        stops at its next step. A body cut short keeps our side open to answer it with a 400."""
+        stops at its next step. A body cut short, or a request the parser refused and that is
+        not answered yet, keeps our side open to answer it with a 400."""
+        if self._loom_refusing or any(not isinstance(message, RawRequestMessage) for message, _ in self._messages):
+            return True  # the parser's error is answered, then the connection closes (handle_error)
         payloads = [payload for _, payload in self._messages]
         if self._loom_payload is not None:
             payloads.append(self._loom_payload)
@@ -284,8 +291,10 @@ class AdapterProtocol(web.RequestHandler):
             payload.set_exception(ConnectionResetError("the client ended the connection before the body was complete"))
         return True
 
-    def request_created(self, payload: aiohttp.StreamReader) -> None:
+    def request_created(self, payload: aiohttp.StreamReader, *, refused: bool = False) -> None:
+        """A request starts; `refused` when it is the parser's error, answered below the app."""
         self._loom_payload = payload
+        self._loom_refusing = refused
         self._loom_handling = True
         if self._loom_phase == "idle":
             self._loom_enter("busy", 0.0)
@@ -296,7 +305,7 @@ class AdapterProtocol(web.RequestHandler):
         try:
             result = await super().finish_response(request, resp, start_time)
         finally:
-            self._loom_handling = False
+            self._loom_handling = self._loom_refusing = False
         body = request.content
         if not body.is_eof() and (not resp.keep_alive or body.exception() is not None):
             self.force_close()  # the transport flushes the written response, then closes
@@ -348,11 +357,12 @@ class AdapterServer(web.Server):
         make_request = self.request_factory
 
         def tracked_request_factory(message, payload, protocol, *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
-            if message is PARSER_ERROR_MESSAGE:  # answer parser errors as HTTP/1.1, like everything else
+            refused = message is PARSER_ERROR_MESSAGE
+            if refused:  # answer parser errors as HTTP/1.1, like everything else
                 message = message._replace(version=aiohttp.HttpVersion11)
             request = make_request(message, payload, protocol, *args, **kw)
             if isinstance(protocol, AdapterProtocol):
-                protocol.request_created(payload)
+                protocol.request_created(payload, refused=refused)
             return request
 
         self.request_factory = tracked_request_factory

@@ -22,6 +22,7 @@ from aiohttp import web
 from loomd.app import REGISTRY
 from loomd.bodies import form_parts
 from loomd.errors import json_response
+from loomd.jobs import finished
 from loomd.multipart import Part, parse_header_params
 from loomrt import inference
 from loomrt.errors import InvalidRequest
@@ -93,11 +94,8 @@ async def transcriptions(request: web.Request) -> web.StreamResponse:
         # the client left while its recording was decoding: cancel the job once it is queued
         admitted.add_done_callback(lambda done: done.cancelled() or done.exception() or done.result().cancel())
         raise
-    try:
-        result = await asyncio.shield(asyncio.wrap_future(job.future))
-    except (asyncio.CancelledError, ConnectionError):
-        job.cancel()  # the client left: its windows leave the batches at the next boundary
-        raise
+    # a client that leaves takes its windows out of the batches at the next boundary
+    result = await finished(job.future, on_leave=job.cancel)
     if response_format == "text":
         return web.Response(text=result["text"], content_type="text/plain", charset="utf-8")
     return json_response({"text": result["text"]})

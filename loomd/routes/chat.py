@@ -21,6 +21,7 @@ from aiohttp import web
 from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import error_body, json_response
+from loomd.jobs import finished
 from loomrt import inference
 from loomrt.errors import InvalidRequest, LoomError
 from loomrt.fields import expect_string, reject_unknown
@@ -174,10 +175,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         if stream:
             return await _stream(request, gen, gen.model, include_usage)
-        result = await asyncio.shield(asyncio.wrap_future(gen.future))
+        # a client that leaves frees its row and pages at the next step boundary
+        result = await finished(gen.future, on_leave=gen.cancel)
         return json_response(_completion(gen, gen.model, result))
     except (asyncio.CancelledError, ConnectionError):
-        gen.cancel()  # the client left: its row and pages are freed at the next step boundary
+        gen.cancel()  # the client left during a stream
         raise
 
 

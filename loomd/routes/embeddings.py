@@ -24,6 +24,7 @@ from aiohttp import web
 from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import json_response
+from loomd.jobs import finished
 from loomrt import inference
 from loomrt.errors import InvalidRequest
 from loomrt.fields import expect_string, fields_of, shown
@@ -104,11 +105,8 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     if "dimensions" in body:
         policy_request["dimensions"] = body["dimensions"]
     job = await asyncio.to_thread(inference.embed, request.app[REGISTRY], model, policy_request, request.path)
-    try:
-        vectors = await asyncio.shield(asyncio.wrap_future(job.future))
-    except (asyncio.CancelledError, ConnectionError):
-        job.cancel()  # the client left: its inputs leave the cohorts at the next boundary
-        raise
+    # a client that leaves takes its inputs out of the cohorts at the next boundary
+    vectors = await finished(job.future, on_leave=job.cancel)
     data = [{"object": "embedding", "index": i, "embedding": _encode(v, encoding)} for i, v in enumerate(vectors)]
     return json_response({"object": "list", "data": data, "model": job.model, "usage": job.usage()})
 

@@ -19,6 +19,7 @@ from aiohttp import web
 from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomd.errors import json_response
+from loomd.jobs import finished
 from loomrt import inference
 from loomrt.errors import InvalidRequest
 from loomrt.fields import expect_string
@@ -32,11 +33,8 @@ async def systemone(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("model: required field is missing", param="model")
     model = expect_string("model", body["model"])
     job, policy = await asyncio.to_thread(inference.decide, request.app[REGISTRY], model, body, request.path)
-    try:
-        probabilities = await asyncio.shield(asyncio.wrap_future(job.future))
-    except (asyncio.CancelledError, ConnectionError):
-        job.cancel()  # the client left: its remaining rows are dropped at the next boundary
-        raise
+    # a client that leaves has its remaining rows dropped at the next boundary
+    probabilities = await finished(job.future, on_leave=job.cancel)
     answers = await asyncio.to_thread(policy.answers, job.questions, probabilities)
     n = job.input_tokens
     return json_response({"id": f"decision-{job.id}", "object": "systemone.result", "created": int(job.created),

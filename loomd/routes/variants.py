@@ -9,6 +9,7 @@ from aiohttp import web
 from loomd.app import REGISTRY
 from loomd.bodies import empty_body, json_body, json_or_package
 from loomd.errors import json_response
+from loomd.jobs import finished
 from loomd.params import one_decimal
 from loomrt.errors import InvalidRequest
 from loomrt.fields import expect_string, fields_of
@@ -70,7 +71,7 @@ async def select(request: web.Request) -> web.StreamResponse:
     body = fields_of(await json_body(request), ("model", "variant", "expected"))
     model = expect_string("model", body["model"])
     done = request.app[REGISTRY].select_variant(model, _variant_id(body, "variant"), _variant_id(body, "expected"))
-    selected = await asyncio.shield(asyncio.wrap_future(done))  # a disconnect withdraws only the reader
+    selected = await finished(done)  # a disconnect withdraws only the reader
     return json_response({"selected": selected})
 
 

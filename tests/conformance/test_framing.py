@@ -226,6 +226,19 @@ def test_malformed_header_line_is_a_json_400(daemon):
     assert_error(daemon.raw(b"GET /healthz HTTP/1.1\r\nHost loom\r\n\r\n"), 400)
 
 
+@pytest.mark.parametrize("raw", [
+    b"GET /metrics HTTP/1.1\r\nHost: loom\r\nContent-Length: 0\r\nContent-Length: 1\r\n\r\n",
+    cl_request("/v1/models/undrain", UNDRAIN, "Transfer-Encoding: chunked"),
+    b"GARBAGE\r\nHost: loom\r\n\r\n",
+    chunked_request("/v1/models/undrain", b"").split(b"\r\n\r\n")[0] + b"\r\n\r\n1 \r\nx\r\n0\r\n\r\n",
+], ids=["two-lengths", "both-framings", "request-line", "chunk-size-space"])
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_a_refused_request_is_answered_after_a_half_close(daemon, raw, unix):
+    """A client that sends its request and closes its side still reads the answer: the
+    parser's refusal is a JSON 400, not a silent close (found by bench/fuzz.py)."""
+    assert_error(daemon.raw(raw, shutdown_write=True, unix=unix), 400)
+
+
 # ---------------------------------------------------------------- rejections below the application
 
 def below_app_counts(server: Daemon) -> dict[str, float]:
