@@ -76,7 +76,7 @@ async function variants(reg) {
         const list = body.data || [];
         variantsOf.set(key, list.length ? list.map(v => v.variant + " (" + (v.state || v.phase || "") + ")").join(", ") : "none");
       })
-      .catch(() => variantsOf.set(key, "—"));
+      .catch(() => variantsOf.set(key, "none"));
   }
   return variantsOf.get(key);
 }
@@ -158,6 +158,12 @@ function addEvent(entry) {
   const item = el("li", when + "  " + (event || "") + "  " + detail);
   item.dataset.id = id;
   list.prepend(item);
+  if (event === "request" && entry.request !== undefined) {   // a finished request's record
+    const known = seenRequests.get(entry.request) || {};
+    seenRequests.set(entry.request, { ...known, id: entry.request, model: entry.model, kind: entry.kind,
+      prompt_tokens: entry.prompt_tokens, completion_tokens: entry.completion_tokens,
+      created: known.created || time - (entry.duration_ms || 0) / 1000, gone: true });
+  }
   while (list.children.length > KEEP_EVENTS) list.lastChild.remove();
 }
 

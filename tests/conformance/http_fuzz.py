@@ -67,6 +67,7 @@ def examples(text: str, sequence: str, spare: str) -> list[Example]:
         Example("GET", "/v1/status"), Example("GET", "/logz"), Example("GET", "/logz/stream"),
         Example("GET", "/metrics"), Example("GET", "/v1/requests"), Example("GET", "/v1/sessions"),
         Example("GET", "/v1/models/variants"),
+        Example("GET", "/ui"), Example("GET", "/ui/status.js"), Example("GET", "/ui/status.css"),
         Example("POST", "/v1/chat/completions", chat),
         Example("POST", "/v1/chat/completions/input_tokens", {"model": text, "messages": chat["messages"]}),
         Example("POST", "/tokenize", {"model": text, "content": "Hello there", "add_special": False,
