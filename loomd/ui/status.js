@@ -161,7 +161,7 @@ function addEvent(entry) {
   if (event === "request" && entry.request !== undefined) {   // a finished request's record
     const known = seenRequests.get(entry.request) || {};
     seenRequests.set(entry.request, { ...known, id: entry.request, model: entry.model, kind: entry.kind,
-      prompt_tokens: entry.prompt_tokens, completion_tokens: entry.completion_tokens,
+      prompt_tokens: entry.prompt_tokens ?? entry.tokens ?? entry.input_tokens ?? entry.inputs, completion_tokens: entry.completion_tokens,
       created: known.created || time - (entry.duration_ms || 0) / 1000, gone: true });
   }
   while (list.children.length > KEEP_EVENTS) list.lastChild.remove();

@@ -63,6 +63,7 @@ def installed(tmp_path_factory):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "loomc/grammar/loom.lark" in names
     assert {"loomc/motifs/norms.loom", "loomc/motifs/attention.loom"} <= names
+    assert {"loomd/ui/index.html", "loomd/ui/status.js", "loomd/ui/status.css"} <= names
 
     venv = tmp / "venv"
     done = run([sys.executable, "-m", "venv", "--without-pip", venv], tmp, env)
