@@ -166,7 +166,7 @@ class Registry:
         """One `request` event per finished request, whoever submitted it (loomd's routes or an
         application embedding loomrt): its id, kind, duration, counts and outcome."""
         record = {"time": time.time(), "event": "request", "model": reg.name, "kind": job.kind, "request": job.id,
-                  "duration_ms": round(1000 * (time.time() - job.created), 1), **job.outcome()}
+                  "duration_ms": round(1000 * (time.time() - job.created), 1), **job.timings(), **job.outcome()}
         if job.route is not None:
             record["route"] = job.route
         if error is not None:

@@ -79,6 +79,8 @@ class Job:
         self.future: Future = Future()
         self.outputs: list[dict[str, np.ndarray]] = []
         self.cancelled: LoomError | None = None
+        self.admitted: float | None = None      # when it left the queue for the active set
+        self.first_output: float | None = None  # when its first output token was produced (text)
 
     @property
     def done_steps(self) -> int:
@@ -94,6 +96,16 @@ class Job:
     def outcome(self) -> dict[str, Any]:
         """What the finished request's event reports besides its id, model, kind and duration."""
         return {"steps": len(self.steps), "steps_done": self.done_steps}
+
+    def timings(self) -> dict[str, float]:
+        """Milestones for the request's event (latency metrics are built from them): the wait
+        from submission to admission and, for a generation, to its first output token."""
+        out: dict[str, float] = {}
+        if self.admitted is not None:
+            out["queue_ms"] = round(1000 * (self.admitted - self.created), 3)
+        if self.first_output is not None:
+            out["first_token_ms"] = round(1000 * (self.first_output - self.created), 3)
+        return out
 
 
 Outcomes = Callable[[Job, "LoomError | None"], None]
@@ -121,6 +133,7 @@ class StageService:
         self._stopping: str | None = None      # "drain" | "abort"
         self._stopped: Future = Future()
         self.steps_run = 0
+        self.step_rows: collections.Counter[int] = collections.Counter()  # stage calls by rows in the call
         self.outcomes = outcomes                # told every finished request (the registry's events)
         self.progress = progress                # told (job, event, fields) of a request's milestones
         self._thread = threading.Thread(target=self._run, name=f"loom-service-{model}", daemon=True)
@@ -220,6 +233,7 @@ class StageService:
         while self._pending and (self.max_active is None or len(self._active) < self.max_active) \
                 and self._start(self._pending[0]):
             self._active.append(self._pending.popleft())
+            self._active[-1].admitted = time.time()
         return self._runnable(self._active)
 
     # ---- hooks for modality services (called under the lock, except `_resolve`) -----------------
@@ -291,6 +305,7 @@ class StageService:
                     outputs = self.execute(plan, params)
                     if outputs is not None:
                         self.steps_run += 1
+                        self.step_rows[len(plan.rows) or len(plan.jobs)] += 1
                         self.apply(plan, outputs)
                 except LoomError as exc:
                     self._fail_all(plan.jobs, exc)

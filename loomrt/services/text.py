@@ -16,6 +16,7 @@ program's `publish` policy (safe boundaries, tool calls, reasoning split) when i
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,7 @@ class Generation(Job):
         self.finish_reason: str | None = None
         self.tool_calls: list[dict[str, Any]] | None = None
         self.cached_tokens = 0
+        self.cache_source: str | None = None    # where cached_tokens came from: prefix, retained, checkpoint
         self.order = next(ORDERS) if session is not None else 0   # its place in /v1/sessions while busy
         self._ancestor: Any = None              # the prefix-cache entry this generation started from
         self._own_prefix: Any = None            # the entry holding this generation's latest boundary
@@ -96,7 +98,8 @@ class Generation(Job):
 
     def outcome(self) -> dict[str, Any]:
         out = {"stream": self.outbox.deltas, "prompt_tokens": len(self.prompt),
-               "completion_tokens": len(self.generated), "cached_tokens": self.cached_tokens}
+               "completion_tokens": len(self.generated), "cached_tokens": self.cached_tokens,
+               "cache_source": self.cache_source}
         if self.finish_reason is not None:
             out["finish_reason"] = self.finish_reason
         return out
@@ -267,6 +270,7 @@ class TextService(StageService):
             self.histories.restore(history, fresh, reused)
         job.pages = own + fresh
         job.kv = job.cached_tokens = reused
+        job.cache_source = "prefix" if prefix is not None else "retained" if history is not None and reused else None
         job.decoder = IncrementalDecoder(self.tokenizer)
         if self.histories.session_cache_capacity:
             self._account_host()
@@ -292,6 +296,7 @@ class TextService(StageService):
         self.pins.warm(point, lambda n: self.histories.free_pages(n, self.prefixes.reclaim_one))
         self.pins.copy_into(point, job.pages)
         job.kv = job.cached_tokens = reused
+        job.cache_source = "checkpoint"
         job.decoder = IncrementalDecoder(self.tokenizer)
         return True
 
@@ -363,6 +368,8 @@ class TextService(StageService):
                 self._advance(g, int(outputs["next"][r]))
 
     def _advance(self, g: Generation, token: int) -> None:
+        if not g.generated:
+            g.first_output = time.time()
         g.generated.append(token)
         try:
             if token in g.stop_ids:
