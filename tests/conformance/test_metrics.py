@@ -115,9 +115,14 @@ def test_metrics_after_chat_and_embedding_traffic(server):
     embedded = r.json()["usage"]["prompt_tokens"]
 
     chat_series, vector_series = {"model": "scout", "kind": "chat"}, {"model": "vectors", "kind": "embeddings"}
-    after = wait_until(lambda: (lambda s: s if delta(before, s, "loom_request_duration_seconds_count", **chat_series)
-                                >= 3 and delta(before, s, "loom_request_duration_seconds_count", **vector_series)
-                                >= 1 else None)(scrape(server)), "the requests' metrics", timeout=30)
+
+    def arrived() -> Samples | None:
+        now = scrape(server)
+        counted = [delta(before, now, "loom_request_duration_seconds_count", **series)
+                   for series in (chat_series, vector_series)]
+        return now if counted[0] >= 3 and counted[1] >= 1 else None
+
+    after = wait_until(arrived, "the requests' events in /metrics", timeout=30)
 
     # latency histograms: one observation per request made (TPOT: per request with >1 token)
     several = sum(1 for u in usages if u["completion_tokens"] > 1)
