@@ -442,7 +442,7 @@ def multipart_case(example: Example, rng: random.Random, sources: dict[str, byte
         elif op == 10 and parts:
             try:
                 parts[k].data = mutate_json(json.loads(parts[k].data), rng)
-            except ValueError:   # not JSON (or no longer): cut it short instead
+            except (ValueError, RecursionError):   # not JSON (or nested past the decoder): cut it short
                 parts[k].data = parts[k].data[:rng.randrange(len(parts[k].data) + 1)]
             mutation += "part-data,"
         elif op == 11 and parts:
