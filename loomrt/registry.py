@@ -654,6 +654,12 @@ class Registry:
             candidate.finish(error=internal_error(log, f"internal error while compiling variant {candidate.id}", exc))
         self._event(reg, "variant_" + candidate.phase, variant=candidate.id)
 
+    def variant_settled(self, name: str, variant: Variant) -> list[Future]:
+        """What a waiter for `variant` waits on (either settles it): its compilation ending, or
+        the registration being withdrawn. An async caller awaits these without holding a
+        thread for a compilation's length, then calls `wait_variant(..., timeout=0)`."""
+        return [variant.done, self.get(name).withdrawn]
+
     def wait_variant(self, name: str, variant: Variant, timeout: float | None = None) -> Variant:
         """Wait for a staged candidate to finish compiling. An unregister withdraws the
         waiter with `Gone` (the compilation itself still runs to its end)."""

@@ -62,7 +62,11 @@ async def stage(request: web.Request) -> web.StreamResponse:
     table = registry.get(model).variants
     if not wait:
         return json_response({"selected": table.selected, "variant": variant.record()}, 202)
-    await asyncio.to_thread(registry.wait_variant, model, variant)
+    # awaited on the loop, not in a worker thread: a compilation can take minutes, and waiters
+    # (abandoned ones too) must not use up the threads every other route submits work with
+    settled = [asyncio.wrap_future(f) for f in registry.variant_settled(model, variant)]
+    await asyncio.wait(settled, return_when=asyncio.FIRST_COMPLETED)
+    registry.wait_variant(model, variant, timeout=0)
     return json_response({"selected": table.selected, "variant": variant.record(detailed=True)},
                          200 if variant.phase == "ready" else 422)
 
