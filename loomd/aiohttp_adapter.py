@@ -236,6 +236,10 @@ class AdapterProtocol(web.RequestHandler):
         super().data_received(data)
         if self._loom_phase == "closed" or self.transport is None:
             return
+        body = self._loom_payload
+        if len(self._messages) > queued and self._loom_error_queued() and body is not None and not body.is_eof():
+            # the framing broke inside the body a handler is reading: that request is the 400
+            body.set_exception(ConnectionResetError("the request body's chunk framing is malformed"))
         if len(self._messages) > queued:  # a request message is complete: its body decides
             payload = self._messages[-1][1]
             if payload.is_eof():
@@ -279,17 +283,20 @@ class AdapterProtocol(web.RequestHandler):
         closes the transport and the handler is cancelled, so a generation nobody waits for
         stops at its next step. A body cut short, or a request the parser refused and that is
         not answered yet, keeps our side open to answer it with a 400."""
-        if self._loom_refusing or any(not isinstance(message, RawRequestMessage) for message, _ in self._messages):
-            return True  # the parser's error is answered, then the connection closes (handle_error)
         payloads = [payload for _, payload in self._messages]
         if self._loom_payload is not None:
             payloads.append(self._loom_payload)
         incomplete = [payload for payload in payloads if not payload.is_eof()]
-        if not incomplete:
-            return None
-        for payload in incomplete:
+        for payload in incomplete:  # a handler waiting for the rest of its body gets its 400 now
             payload.set_exception(ConnectionResetError("the client ended the connection before the body was complete"))
-        return True
+        if incomplete or self._loom_refusing or self._loom_error_queued():
+            return True  # answer them; the parser's error closes the connection after it (handle_error)
+        return None
+
+    def _loom_error_queued(self) -> bool:
+        """The parser refused something it has not answered yet (queued as a message that is
+        not a `RawRequestMessage`)."""
+        return any(not isinstance(message, RawRequestMessage) for message, _ in self._messages)
 
     def request_created(self, payload: aiohttp.StreamReader, *, refused: bool = False) -> None:
         """A request starts; `refused` when it is the parser's error, answered below the app."""

@@ -231,12 +231,28 @@ def test_malformed_header_line_is_a_json_400(daemon):
     cl_request("/v1/models/undrain", UNDRAIN, "Transfer-Encoding: chunked"),
     b"GARBAGE\r\nHost: loom\r\n\r\n",
     chunked_request("/v1/models/undrain", b"").split(b"\r\n\r\n")[0] + b"\r\n\r\n1 \r\nx\r\n0\r\n\r\n",
-], ids=["two-lengths", "both-framings", "request-line", "chunk-size-space"])
+    chunked_request("/v1/models/undrain", UNDRAIN).rsplit(b"0\r\n\r\n", 1)[0] + b"1 \r\na\r\n",
+], ids=["two-lengths", "both-framings", "request-line", "chunk-size-space", "bad-chunk-after-a-body"])
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
 def test_a_refused_request_is_answered_after_a_half_close(daemon, raw, unix):
     """A client that sends its request and closes its side still reads the answer: the
     parser's refusal is a JSON 400, not a silent close (found by bench/fuzz.py)."""
     assert_error(daemon.raw(raw, shutdown_write=True, unix=unix), 400)
+
+
+@pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
+def test_broken_chunk_framing_under_a_handler_reading_the_body_is_a_400_after_a_half_close(daemon, unix):
+    """The handler is already reading the body when its chunk framing breaks and the client
+    half-closes: that body fails, so the request gets its 400 (it used to wait with no deadline;
+    bench/fuzz.py found it under load, where the body often arrives in two reads)."""
+    start = chunked_request("/v1/models/undrain", UNDRAIN).rsplit(b"0\r\n\r\n", 1)[0]
+    with daemon.connect(unix=unix, timeout=30) as s:
+        s.sendall(start)
+        time.sleep(0.5)  # room for the handler to start reading; were it not yet, this is the one-read case
+        s.sendall(b"1 \r\na\r\n")
+        s.shutdown(socket.SHUT_WR)
+        response = read_response(s)
+    assert_error(response, 400)
 
 
 # ---------------------------------------------------------------- rejections below the application
