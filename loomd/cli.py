@@ -117,6 +117,7 @@ async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple
 
     from loomd.app import Settings, make_app
     from loomd.framing import JsonErrorRunner
+    from loomd.startup import StartupReport
     from loomrt.devices import Devices
     from loomrt.registry import Registry
 
@@ -130,31 +131,44 @@ async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple
         host, port = parse_listen(value)
         site = web.UnixSite(runner, port) if host == "unix" else web.TCPSite(runner, host, port)
         await site.start()
+    base_urls = []
     for address in runner.addresses:
-        shown = f"unix:{address}" if isinstance(address, str) else f"http://{address[0]}:{address[1]}"
-        click.echo(f"loomd: listening on {shown}")
+        shown = f"unix:{address}" if isinstance(address, str) else f"http://{_url_host(address[0])}:{address[1]}"
+        if not isinstance(address, str):
+            base_urls.append(shown)
+        click.echo(f"loomd: listening on {shown}" + (f" (status page {shown}/ui)" if shown in base_urls else ""))
+    report = StartupReport(registry, base_urls)
+    registry.listeners.append(report.on_event)
     paths = [(Path(d), None) for d in documents] if documents else bundled_documents(samples)
+    names = []
     for path, skipped in paths:
         if skipped:
             click.echo(f"loomd: skipping {path}: {skipped}")
             continue
         try:
             reg = registry.register(path.read_bytes(), origin=str(path.resolve()))
-            click.echo(f"loomd: registering {reg.name} from {path}")
+            names.append(reg.name)
+            click.echo(f"loomd: registering {reg.name} ({reg.document.kind}) from {path}")
         except (OSError, LoomError) as exc:
             click.echo(f"loomd: cannot register {path}: {exc}", err=True)
     sys.stdout.flush()
+    following = asyncio.create_task(report.follow(names))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    following.cancel()
     click.echo("loomd: stopping: admission closed, finishing accepted work")
     settings.stopping = True
     await asyncio.to_thread(registry.close, "drain", grace)
     await runner.cleanup()
     click.echo("loomd: stopped")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 @click.group()

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from loomc.module import UPLOAD, CompiledModule, ModuleError, build_module, package_path
-from loomc.run.compile import build_programs
+from loomc.run.ahead import Progress, ahead_of_time_units, compile_ahead
+from loomc.run.compile import build_programs, compile_kernels
 from loomrt.document import FileRef, ModelDocument
 from loomrt.errors import CompileError, run_errors
 from loomrt.locator import resolve_locator
@@ -129,11 +130,17 @@ def build_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None,
 
 def compile_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None, *, target: str = "cpu",
                        sources: tuple[FileRef, ...] | None = None, upload: Mapping[str, bytes] | None = None,
-                       cache_dir: Path | None = None) -> Executables:
-    """Compile a deployment's code (or a candidate provider set) and build it for `target`."""
+                       cache_dir: Path | None = None, kernels_compiled: Progress | None = None) -> Executables:
+    """Compile a deployment's code (or a candidate provider set) and build it for `target`,
+    its kernels (the stages' and the preparations' `compute` kernels) compiled before it is
+    returned, so its first request does not compile them; `kernels_compiled` is told
+    (compiled, total) as they finish (`loomc.run.ahead`)."""
     module = build_deployment(doc, package, sources, upload)
     with run_errors():
         programs = build_programs(module, target, cache_dir)
+        preparing = [launcher for plan in module.components.values() if plan.kernels
+                     for launcher in compile_kernels(dict(plan.kernels), target, cache_dir).values()]
+        compile_ahead(ahead_of_time_units(programs, preparing), kernels_compiled)
     shown = tuple(code_path(s).as_posix() if s.where != "package" else s.path
                   for s in (sources if sources is not None else doc.sources))
     return Executables(module, programs, Contract.of(module), shown, target)

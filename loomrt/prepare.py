@@ -23,6 +23,7 @@ got q4_1[576, 512]`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,17 +201,32 @@ class _Member:
         raise _Failure(f"unknown preparation {type(e).__name__}")
 
 
-def prepare_params(plan: PreparePlan, checkpoint: Checkpoint | None,
-                   cache_dir: Path | None = None) -> dict[str, np.ndarray | list[np.ndarray]]:
+def prepare_params(plan: PreparePlan, checkpoint: Checkpoint | None, cache_dir: Path | None = None,
+                   prepared: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray | list[np.ndarray]]:
     """Run every param of a component's plan against `checkpoint` (None when every param is
-    computed); the result binds as `run(params=...)`. `compute` kernels compile under `cache_dir`."""
+    computed); the result binds as `run(params=...)`. `compute` kernels compile under `cache_dir`.
+    `prepared` is told (tensors prepared, total) before the first and after each (a family
+    counts each member)."""
     kernels = _Kernels(plan, cache_dir)
+    total = sum(1 if p.family is None else len(range(*p.family)) for p in plan.params)
+    done = 0
+
+    def one(param: ParamPlan, index: int | None) -> np.ndarray:
+        nonlocal done
+        array = _prepare_one(param, checkpoint, index, kernels)
+        done += 1
+        if prepared is not None:
+            prepared(done, total)
+        return array
+
+    if prepared is not None:
+        prepared(0, total)
     out: dict[str, np.ndarray | list[np.ndarray]] = {}
     for param in plan.params:
         if param.family is None:
-            out[param.name] = _prepare_one(param, checkpoint, None, kernels)
+            out[param.name] = one(param, None)
         else:
-            out[param.name] = [_prepare_one(param, checkpoint, i, kernels) for i in range(*param.family)]
+            out[param.name] = [one(param, i) for i in range(*param.family)]
     return out
 
 

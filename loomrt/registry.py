@@ -179,6 +179,13 @@ class Registry:
         self._publish({"time": time.time(), "event": event, "model": reg.name, "kind": job.kind, "request": job.id,
                        **fields})
 
+    def _progress(self, reg: Registration, **fields: Any) -> None:
+        """Update a registration's `progress` (kernels compiled, weights prepared): read by
+        `/v1/status` and the start-up display; too frequent for the event journal."""
+        with self._changed:
+            reg.progress.update(fields)
+            self._changed.notify_all()
+
     def _set_phase(self, reg: Registration, phase: str, **fields: Any) -> None:
         self._event(reg, phase, phase=phase, **fields)
 
@@ -260,7 +267,9 @@ class Registry:
                 return
             self._set_phase(reg, "compiling")
             try:
-                ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir)
+                ex = compile_deployment(doc, reg.package, target=device.target, cache_dir=self.cache_dir,
+                                        kernels_compiled=lambda done, total: self._progress(
+                                            reg, kernels={"compiled": done, "total": total}))
             except NotImplementedFeature as exc:   # the device's target has no runnable back end yet
                 raise NotImplementedFeature(f"model '{doc.model}' cannot run on {device.name}: {exc.message}",
                                             param="device") from None
@@ -273,7 +282,7 @@ class Registry:
             with self._lock:
                 reg.tokenizer, reg.policy, reg.spec = tokenizer, policy, spec
                 reg.executables = ex
-                reg.progress = {"stages": len(ex.programs)}
+                reg.progress["stages"] = len(ex.programs)
                 reg.components["primary"] = Component(doc.model, "primary", device,
                                                       lambda: self._prepare(reg, "primary"))
                 for name in doc.components:
@@ -318,13 +327,16 @@ class Registry:
         if not plan.params:
             return {}
         checkpoint = doc.checkpoint if component == "primary" else doc.components[component].checkpoint
+        def prepared(done: int, total: int) -> None:
+            self._progress(reg, weights={"component": component, "prepared": done, "total": total})
+
         if not plan.reads_checkpoint:
-            return prepare_params(plan, None, self.cache_dir)
+            return prepare_params(plan, None, self.cache_dir, prepared)
         if checkpoint is None:
             raise PrepareError(f"model '{doc.model}' declares params but its document names no checkpoint",
                                param="checkpoint")
         with open_checkpoint(code_path(checkpoint)) as ckpt:
-            return prepare_params(plan, ckpt, self.cache_dir)
+            return prepare_params(plan, ckpt, self.cache_dir, prepared)
 
     def _prepare_service(self, reg: Registration) -> None:
         self._set_phase(reg, "preparing")

@@ -14,6 +14,7 @@ from loomc.bytecode.format import SUFFIX
 from loomc.bytecode.reader import read_module
 from loomc.bytecode.writer import write_module
 from loomc.cli.common import collect_targets, internal_errors, report
+from loomc.cli.progress import StatusLine
 
 
 def _fail(message: str) -> NoReturn:
@@ -42,19 +43,25 @@ def build(paths: tuple[str, ...], out: Path) -> None:
         _fail(f"error: no .loom or {SUFFIX} files in {', '.join(paths)}")
     targets = _targets(files, out)
 
-    checked = load_files(files)
-    if checked.diagnostics:
-        report(checked.diagnostics, checked.sources, as_json=False)
-        sys.exit(1)
-    blobs = []
-    for source, target in targets:
-        module = checked.program.modules[str(source.resolve())].module
-        try:
-            blobs.append((target, write_module(module)))
-        except LoomBytecodeEncodeError as exc:
-            _fail(f"{source}: error[L0801]: {exc}")
-    for target, blob in blobs:  # only once every file has encoded
-        write_atomically(target, blob)
+    with StatusLine() as status:
+        status.step(f"checking {len(files)} file{'s' * (len(files) != 1)}")
+        checked = load_files(files)
+        status.clear()
+        if checked.diagnostics:
+            report(checked.diagnostics, checked.sources, as_json=False)
+            sys.exit(1)
+        blobs = []
+        for n, (source, target) in enumerate(targets, 1):
+            status.step(f"encoding {n}/{len(targets)}: {source}")
+            module = checked.program.modules[str(source.resolve())].module
+            try:
+                blobs.append((target, write_module(module)))
+            except LoomBytecodeEncodeError as exc:
+                status.clear()
+                _fail(f"{source}: error[L0801]: {exc}")
+        for n, (target, blob) in enumerate(blobs, 1):  # only once every file has encoded
+            status.step(f"writing {n}/{len(blobs)}: {target}")
+            write_atomically(target, blob)
 
 
 def _targets(files: list[Path], out: Path) -> list[tuple[Path, Path]]:

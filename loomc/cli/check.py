@@ -7,6 +7,7 @@ import sys
 import click
 
 from loomc.cli.common import collect_targets, internal_errors, report, unique_sorted
+from loomc.cli.progress import StatusLine
 
 
 @click.command()
@@ -20,14 +21,17 @@ def check(paths: tuple[str, ...], as_json: bool) -> None:
 
     files, documents, diagnostics = collect_targets(paths)
     sources: dict[str, str] = {}
-    if files:
-        found, read = check_files(files)
-        diagnostics += found
-        sources.update(read)
-    for doc in documents:
-        found, read = check_document(doc)
-        diagnostics += found
-        sources.update(read)
+    with StatusLine() as status:
+        if files:
+            status.step(f"checking {len(files)} .loom file{'s' * (len(files) != 1)}")
+            found, read = check_files(files)
+            diagnostics += found
+            sources.update(read)
+        for n, doc in enumerate(documents, 1):
+            status.step(f"checking document {n}/{len(documents)}: {doc}")
+            found, read = check_document(doc)
+            diagnostics += found
+            sources.update(read)
     unique = unique_sorted(diagnostics)
     report(unique, sources, as_json)
     sys.exit(1 if unique else 0)

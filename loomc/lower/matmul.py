@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from loomc import LOOMC_VERSION
 
 PANEL_ROWS = 16  # rows of `a` per packed panel: the vector width of the tile
@@ -210,6 +212,14 @@ def render_module(motif: str = "matmul") -> str:
     driver = driver.replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
     helpers = "".join(h + "\n\n" for h in helpers_for(driver))
     return header + IMPORTS + "\n" + constants + "\n" + helpers + _TILE + "\n" + driver
+
+
+def argument_examples(motif: str = "matmul") -> tuple:
+    """One value of each argument's exact type as dispatch passes them (a, b, c with their group
+    dimension in front; f16 b as its uint16 bits; the f32 workspace), for compiling ahead."""
+    b_type = np.uint16 if MOTIFS[motif][0] == "f16" else np.float32
+    return (np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1), b_type), np.zeros((1, 1, 1), np.float32),
+            np.zeros(1, np.float32))
 
 
 def load_function(motif: str = "matmul", cache_dir: Path | None = None):

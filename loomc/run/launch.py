@@ -149,6 +149,23 @@ class KernelLauncher:
             raise self.fail(f"'{p.name}' is {p.dtype}, got {value!r}")
         return np.float64(value) if p.dtype == "f64" else np.float32(value)
 
+    def argument_examples(self) -> tuple:
+        """One value of each launch argument's exact type (what `bind` passes: flat kernel
+        storage, scalars in their host types, symbols as Python ints), from which a target
+        compiles the parts before their first launch (`loomc.run.ahead`)."""
+        out: list[Any] = []
+        for p in self.params:
+            if isinstance(p, ir.ScalarParam):
+                if p.dtype == "bool":
+                    out.append(False)
+                elif ir.is_int(p.dtype):
+                    out.append(HOST_STORAGE[p.dtype](0))
+                else:
+                    out.append(np.float64(0) if p.dtype == "f64" else np.float32(0))
+            else:
+                out.append(np.zeros(0, _KERNEL_DTYPES[p.dtype]))
+        return tuple(out) + (0,) * len(self.symbols)
+
     def launch(self, args: tuple) -> None:
         for f in self.functions:
             f(*args)

@@ -27,8 +27,9 @@ def write_document(directory: Path, name: str, **fields) -> Path:
     return path
 
 
-def wait_ready(server: Daemon, names: list[str], timeout: float = 120.0) -> bool:
-    """Poll /v1/status with a deadline until every named registration is ready."""
+def wait_ready(server: Daemon, names: list[str], timeout: float = 300.0) -> bool:
+    """Poll /v1/status with a deadline until every named registration is ready (a hang guard:
+    the first daemon of a run compiles every kernel of its models before they are ready)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = server.request("GET", "/v1/status").json()

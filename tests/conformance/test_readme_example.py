@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -61,3 +62,26 @@ def test_the_readme_curl_example_answers(bundled):
 def test_every_bundled_sample_is_listed(bundled):
     models = bundled.request("GET", "/v1/models").json()
     assert sorted(m["id"] for m in models["data"]) == sorted(BUNDLED)
+
+
+ENDPOINTS = {"scout": "text on {url}/v1/chat/completions", "vectors": "embedding on {url}/v1/embeddings",
+             "judge": "decision on {url}/v1/systemone", "encoder": "sequence on {url}/v1/sequences",
+             "recognizer": "recognition on {url}/v1/audio/transcriptions", "speaker": "speech on {url}/v1/audio/speech"}
+
+
+def test_the_terminal_says_where_each_sample_is_served(bundled):
+    """A newcomer knows when scout is ready without reading docs: `loomd serve` prints the URL
+    it listens on, each sample's registration, its phases and one ready line with kind and URL."""
+    url = f"http://127.0.0.1:{bundled.port}"
+    expected = {name: f"loomd: {name} ready in " for name in BUNDLED}
+    deadline = time.monotonic() + 30   # the line follows the phase change on the worker thread
+    while time.monotonic() < deadline:
+        output = "".join(bundled.output)
+        if all(prefix in output for prefix in expected.values()):
+            break
+        time.sleep(0.05)
+    assert f"loomd: listening on {url} (status page {url}/ui)\n" in output, output
+    for name in BUNDLED:
+        assert f"loomd: registering {name} (" in output and f"loomd: {name}: compiling\n" in output, output
+        line = re.search(rf"loomd: {name} ready in \d+\.\ds: (.*)\n", output)
+        assert line is not None and line.group(1) == ENDPOINTS[name].format(url=url), output

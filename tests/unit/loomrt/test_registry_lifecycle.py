@@ -153,7 +153,10 @@ def test_registration_goes_registering_compiling_preparing_ready(registry, tmp_p
     status = entry(registry, "m1")
     assert status["phase"] == "ready" and status["admission"] == "open" and status["removing"] is None
     assert status["error"] is None and status["kind"] == "sequence" and status["device"] == "cpu"
-    assert status["progress"] == {"stages": 2}
+    # progress: the two stages' kernels (add_bias, running_sum) and the matmul motif compiled
+    # ahead of the first request; both params (w, b) prepared
+    assert status["progress"] == {"stages": 2, "kernels": {"compiled": 3, "total": 3},
+                                  "weights": {"component": "primary", "prepared": 2, "total": 2}}
     [component] = status["components"]
     assert component["component"] == "primary" and component["resident"] is True
     assert component["pinned"] is False and component["activations"] == 1
