@@ -5,7 +5,8 @@ One daemon for the module serves `vectors` (samples/vectors/model.json, weights 
 
 Equalities are exact (bitwise): token ids vs the equivalent string, base64 vs float, batch
 order, and 16 concurrent requests (sharing cohorts, a larger packed T) vs the same 16 sent
-one by one. The numerical contract (docs/language.md §9) makes a sequence's vector
+one by one. (The `openai` client's embeddings, float and base64, are in
+test_official_clients.py.) The numerical contract (docs/language.md §9) makes a sequence's vector
 independent of what shares its cohort: kernels are per token or per sequence, and the
 `matmul` motif computes every element as one fma chain over k, whatever the number of rows.
 
@@ -21,7 +22,6 @@ import struct
 import threading
 
 import numpy as np
-import openai
 import pytest
 
 from conformance_support import wait_ready, write_document
@@ -193,25 +193,6 @@ def test_malformed_json_is_400(server):
     assert r.status == 400, r.body
     r = server.request("POST", "/v1/embeddings", '{"model": "vectors", "input": "x", "input": "y"}')
     assert r.status == 400 and "duplicate" in r.body.decode(), r.body
-
-
-def test_official_openai_client(server):
-    with openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", timeout=120,
-                       max_retries=0) as client:
-        # The client asks for base64 by default and decodes it itself.
-        default = client.embeddings.create(model="vectors", input=SENTENCES[:3])
-        floats = client.embeddings.create(model="vectors", input=SENTENCES[:3], encoding_format="float")
-        ids = client.embeddings.create(model="vectors", input=[tokens_of(server, SENTENCES[0])])
-    assert default.model == "vectors" and default.object == "list"
-    assert [d.index for d in default.data] == [0, 1, 2]
-    assert all(len(d.embedding) == WIDTH for d in default.data)
-    assert np.array_equal(np.array([d.embedding for d in default.data], np.float32),
-                          np.array([d.embedding for d in floats.data], np.float32))
-    assert np.array_equal(np.array(ids.data[0].embedding, np.float32), np.array(default.data[0].embedding, np.float32))
-    assert default.usage.prompt_tokens == default.usage.total_tokens > 0
-    with pytest.raises(openai.BadRequestError):
-        openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0) \
-            .embeddings.create(model="vectors", input="x", dimensions=128)
 
 
 def test_requests_appear_in_logz(server):

@@ -7,23 +7,19 @@ PCM16LE at 24 kHz transcribes to the same text as the original, whatever the par
 says; a 75 s recording with the three phrases in different 30 s windows gives three lines in
 order, each equal to that window transcribed alone. Every rejection of the spec's section
 is sent over a real socket and answered with an OpenAI-style error while the daemon keeps
-serving; the spec's two curl commands run verbatim; the `openai` client reads json and text.
+serving; the spec's two curl commands run verbatim (`spec_examples`). The `openai` client's
+transcriptions are in test_official_clients.py.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import shutil
 import socket
-import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
-import openai
 import pytest
 import soundfile
 import soxr
@@ -31,6 +27,7 @@ import soxr
 from conformance_support import wait_ready, write_document
 from loomd_process import REPO, Daemon, read_response
 from loomrt.locator import resolve_locator
+from spec_examples import TRANSCRIPTION_PCM, TRANSCRIPTION_WAV, run_example
 
 RECOGNIZER = REPO / "samples" / "recognizer" / "model.json"
 BECKETT = "package:moonshine_onnx/assets/beckett.wav"
@@ -39,17 +36,6 @@ RATE = 16000
 ROWS = 4                       # the sample's model.json
 ENDPOINT = "/v1/audio/transcriptions"
 BOUNDARY = "loom-transcription-boundary"
-SPEC = REPO.parent / "shared" / "spec" / "http-profiles.md"
-SPEC_URL = "http://127.0.0.1:8080"
-#: Verbatim from the spec ("Audio transcription").
-SPEC_WAV = """curl --fail-with-body -H 'Expect:' \\
-  http://127.0.0.1:8080/v1/audio/transcriptions \\
-  -F model=recognizer \\
-  -F 'file=@recording.wav;type=audio/wav'"""
-SPEC_PCM = """curl --fail-with-body -H 'Expect:' \\
-  http://127.0.0.1:8080/v1/audio/transcriptions \\
-  -F model=recognizer \\
-  -F 'file=@recording.pcm;headers="Content-Type: audio/pcm;rate=24000;channels=1"'"""
 
 
 # ---- recordings -----------------------------------------------------------------------------------
@@ -357,7 +343,7 @@ def test_an_overlong_recording_rejects_without_a_partial_result(server):
     assert_error(transcribe(server, flac, "audio/flac"), 400, "longer than", param="file")
 
 
-# ---- discovery, observation, the spec's examples, the openai client ------------------------------
+# ---- discovery, observation, the spec's examples ---------------------------------------------------
 
 def test_models_lists_the_recognizer(server):
     data = {m["id"]: m for m in server.request("GET", "/v1/models").json()["data"]}
@@ -405,41 +391,13 @@ def test_residency_round_trip(server, wav):
     assert text_of(transcribe(server, wav)) == TEXT
 
 
-def run_spec_example(server: Daemon, command: str, directory: Path) -> subprocess.CompletedProcess:
-    local = command.replace(SPEC_URL, f"http://127.0.0.1:{server.port}")
-    assert local != command
-    return subprocess.run(["bash", "-c", local], cwd=directory, capture_output=True, text=True, timeout=180)
-
-
-def test_the_commands_are_the_specs():
-    assert shutil.which("curl"), "curl is not installed"
-    if SPEC.is_file():                   # the spec lives beside the repository in this workspace
-        assert SPEC_WAV in SPEC.read_text() and SPEC_PCM in SPEC.read_text()
-
-
 def test_spec_curl_examples(server, speech, wav, tmp_path):
     (tmp_path / "recording.wav").write_bytes(wav)
     (tmp_path / "recording.pcm").write_bytes(pcm16(converted(speech, 24000)).tobytes())
-    for command in (SPEC_WAV, SPEC_PCM):
-        done = run_spec_example(server, command, tmp_path)
+    for command in (TRANSCRIPTION_WAV, TRANSCRIPTION_PCM):
+        done = run_example(command, server.port, tmp_path)
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
         assert json.loads(done.stdout) == {"text": TEXT}
-
-
-def test_openai_client_json_and_text(server, wav, tmp_path):
-    path = tmp_path / "beckett.wav"
-    path.write_bytes(wav)
-    with openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", timeout=180,
-                       max_retries=0) as client:
-        with path.open("rb") as f:
-            result = client.audio.transcriptions.create(model="recognizer", file=f)
-        assert result.text == TEXT
-        with path.open("rb") as f:
-            plain = client.audio.transcriptions.create(model="recognizer", file=f, response_format="text")
-        assert plain == TEXT
-        with path.open("rb") as f, pytest.raises(openai.BadRequestError) as rejected:
-            client.audio.transcriptions.create(model="recognizer", file=f, response_format="srt")
-        assert "response_format" in str(rejected.value)
 
 
 def test_the_unix_listener_serves_transcriptions(server, wav):
