@@ -57,10 +57,15 @@ LM_FN double lm_f64_from_bits(unsigned long long u) { double x; __builtin_memcpy
 #endif"""),
     "f16_from_bits": (("lm_f16_from_bits",), ("bits",), """\
 LM_FN float lm_f16_from_bits(unsigned int h) {
-    // IEEE half bits -> f32, exact: move exponent and mantissa into place and rescale by
-    // 2^112 (which also normalizes subnormals); inf and NaN get the f32 exponent back.
+    // IEEE half bits -> f32, exact: a normal half moves exponent and mantissa into place and
+    // rescales by 2^112; a subnormal half is its mantissa times 2^-24 (integer to float, then
+    // a power of two: no f32 subnormal is ever an operand, so a device that flushes them,
+    // whatever the compile options, converts it exactly too); inf and NaN get the f32
+    // exponent back.
     h &= 0xFFFFu;
-    unsigned int bits = lm_f32_bits(lm_f32_from_bits((h & 0x7FFFu) << 13) * lm_f32_from_bits(0x77800000u));
+    float normal = lm_f32_from_bits((h & 0x7FFFu) << 13) * lm_f32_from_bits(0x77800000u);
+    float subnormal = (float)(h & 0x3FFu) * lm_f32_from_bits(0x33800000u);
+    unsigned int bits = lm_f32_bits((h & 0x7C00u) == 0u ? subnormal : normal);
     if ((h & 0x7C00u) == 0x7C00u) bits |= 0x7F800000u;
     return lm_f32_from_bits(bits | ((h & 0x8000u) << 16));
 }"""),
