@@ -31,7 +31,7 @@ $(SERVE_STAMP): pyproject.toml Makefile
 	touch $(SERVE_STAMP)
 
 $(TEST_STAMP): $(SERVE_STAMP)
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,scale]'
 	$(PY) -m pip install --quiet --no-deps $(TEST_ASSETS)
 	touch $(TEST_STAMP)
 

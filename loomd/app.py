@@ -152,4 +152,19 @@ def make_app(registry: Registry, settings: Settings | None = None) -> web.Applic
     return app
 
 
-__all__ = ["JOURNAL", "METRICS", "REGISTRY", "SETTINGS", "Settings", "make_app"]
+async def start_listeners(app: web.Application, settings: Settings, listen: list[tuple[str, str | int]]):
+    """Serve `app` on each (host, port) or ("unix", path) through loomd's HTTP adapter (its
+    deadlines and connection bounds); returns the runner, whose `addresses` are the bound ones
+    and whose `cleanup()` stops them. `loomd serve` and each scale-out replica start here."""
+    from loomd.framing import JsonErrorRunner
+
+    runner = JsonErrorRunner(app, handle_signals=False, access_log=None, max_connections=settings.connections,
+                             deadlines=settings.deadlines(), handler_cancellation=True)
+    await runner.setup()
+    for host, port in listen:
+        site = web.UnixSite(runner, port) if host == "unix" else web.TCPSite(runner, host, port)
+        await site.start()
+    return runner
+
+
+__all__ = ["JOURNAL", "METRICS", "REGISTRY", "SETTINGS", "Settings", "make_app", "start_listeners"]

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -113,10 +114,7 @@ def bundled_documents(samples: Path) -> list[tuple[Path, str | None]]:
 
 async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], device_memory: dict,
                  grace: float, settings_fields: dict) -> None:
-    from aiohttp import web
-
-    from loomd.app import Settings, make_app
-    from loomd.framing import JsonErrorRunner
+    from loomd.app import Settings, make_app, start_listeners
     from loomd.startup import StartupReport
     from loomrt.devices import Devices
     from loomrt.registry import Registry
@@ -124,13 +122,7 @@ async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple
     registry = Registry(Devices(device_memory))
     settings = Settings(**settings_fields)
     app = make_app(registry, settings)
-    runner = JsonErrorRunner(app, handle_signals=False, access_log=None, max_connections=settings.connections,
-                             deadlines=settings.deadlines(), handler_cancellation=True)
-    await runner.setup()
-    for value in listen or (DEFAULT_LISTEN,):
-        host, port = parse_listen(value)
-        site = web.UnixSite(runner, port) if host == "unix" else web.TCPSite(runner, host, port)
-        await site.start()
+    runner = await start_listeners(app, settings, [parse_listen(v) for v in listen or (DEFAULT_LISTEN,)])
     base_urls = []
     for address in runner.addresses:
         shown = f"unix:{address}" if isinstance(address, str) else f"http://{_url_host(address[0])}:{address[1]}"
@@ -242,3 +234,47 @@ def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, .
     except OSError as exc:
         click.echo(f"loomd: {exc}", err=True)
         sys.exit(1)
+
+
+@main.command()
+@click.argument("documents", nargs=-1)
+@click.option("--replicas", type=click.IntRange(1), default=2, show_default=True, help="Loom replicas to start")
+@click.option("--listen", default="127.0.0.1:8000", show_default=True, help="HOST:PORT of Ray Serve's HTTP proxy")
+@click.option("--samples", "samples", envvar=SAMPLES_ENV, metavar="DIR", type=click.Path(path_type=Path),
+              help="with no documents, the sample packages to serve (as `loomd serve`)")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="compute threads per replica (NUMBA_NUM_THREADS)")
+@click.option("--replica-cpus", "replica_cpus", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="CPUs Ray reserves for each replica")
+@click.option("--affinity/--no-affinity", default=True, show_default=True,
+              help="route untagged chats to the replica holding their longest prefix (else by load alone)")
+@click.option("--address", default=None, help="an existing Ray cluster to join (default: start a local one)")
+def scale(documents: tuple[str, ...], replicas: int, listen: str, samples: Path | None, threads: int,
+          replica_cpus: float, affinity: bool, address: str | None) -> None:
+    """Serve model documents from several Loom replicas behind one Ray Serve ingress (docs/scale-out.md)."""
+    try:
+        from loomd.scale import app as scale_app
+    except ImportError as exc:  # pragma: no cover - the optional extra is missing
+        raise click.ClickException(f"loomd scale needs Ray Serve: pip install 'loom[scale]' ({exc})") from None
+    host, port = parse_listen(listen)
+    if host == "unix":
+        raise click.BadParameter("Ray Serve listens on TCP only", param_hint="--listen")
+    if documents:
+        paths = [Path(d) for d in documents]
+    else:
+        source = click.get_current_context().get_parameter_source("samples")
+        folder = find_samples(samples, SAMPLES_ENV if source == click.core.ParameterSource.ENVIRONMENT else "--samples")
+        paths = [p for p, skipped in bundled_documents(folder) if skipped is None]
+    url = f"http://{_url_host(host)}:{port}"
+    click.echo(f"loomd scale: starting Ray Serve with {replicas} replica(s) of {', '.join(p.parent.name or p.name for p in paths)}")
+    scale_app.run(scale_app.read_documents(paths), replicas, host, port, address=address, affinity=affinity,
+                  threads=threads, replica_cpus=replica_cpus)
+    click.echo(f"loomd scale: listening on {url} ({replicas} replicas; {url}/v1/status shows each)")
+    sys.stdout.flush()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    click.echo("loomd scale: stopping")
+    scale_app.shutdown()
+    click.echo("loomd scale: stopped")
