@@ -121,3 +121,18 @@ def test_models_and_lists_merge_across_replicas():
     merged = aggregate.listing([Outcome(0, 200, page), Outcome(1, 200, page)])
     assert [(i["id"], i["replica"]) for i in merged["data"]] == [(1, 0), (1, 1)]
     assert merged["replicas_next_after"] == {"0": 1, "1": 1}
+
+
+def test_the_ingress_learns_a_handle_from_the_attached_event_and_ends_cut_streams_in_profile():
+    pytest.importorskip("ray.serve", reason="the scale extra (ray[serve]) is installed by `make test`")
+    from loomd.scale.ingress import _cut_off_event, _sse_data
+
+    first = (b'event: attached\ndata: {"session":"0123456789abcdef0123456789abcdef","position":0}\n\n'
+             b'event: chunk\ndata: {"x":1}\n\n')
+    assert _sse_data(first, "attached")["session"] == "0123456789abcdef0123456789abcdef"
+    assert _sse_data(b"data: {}\n\n", "attached") is None
+    sequence = _cut_off_event("/v1/sequences", "text/event-stream", 1).decode()
+    assert sequence.startswith("event: error\ndata: ") and json.loads(sequence.split("data: ", 1)[1])["error"]["code"] == "replica_lost"
+    chat_end = _cut_off_event("/v1/chat/completions", "text/event-stream; charset=utf-8", 1).decode()
+    assert chat_end.endswith("data: [DONE]\n\n") and '"replica_lost"' in chat_end
+    assert _cut_off_event("/v1/audio/speech", "audio/pcm;rate=24000;channels=1", 1) == b""
