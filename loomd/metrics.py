@@ -109,6 +109,9 @@ class Metrics:
                                      ["model"], registry=r)
         self.cache_hits = Counter("loom_prefix_cache_hits", "Prompt tokens reused instead of prefilled, by source "
                                   "(prefix, retained, checkpoint)", ["model", "source"], registry=r)
+        self.first_audio = Histogram("loom_speech_time_to_first_audio_seconds",
+                                     "Submission to the first PCM bytes written to a speech client",
+                                     ["model"], buckets=TTFT_BUCKETS, registry=r)
         self.phases = Histogram("loom_registration_phase_seconds", "Time a registration spent compiling or preparing",
                                 ["model", "phase"], buckets=PHASE_BUCKETS, registry=r)
         self._phase_lock = threading.Lock()
@@ -121,6 +124,8 @@ class Metrics:
         counters, latency histograms and cache counters; a phase change ends a timed phase."""
         if event.get("event") == "request":
             self._request(event)
+        elif event.get("event") == "speech_first_audio" and "first_audio_ms" in event:
+            self.first_audio.labels(event["model"]).observe(event["first_audio_ms"] / 1000)
         elif "phase" in event:
             self._phase(event)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from typing import Any
 
 from aiohttp import web
@@ -120,7 +121,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
                 await response.write(payload)
                 if not job.first_sent:
                     job.first_sent = True
-                    job.report("speech_first_audio", {"bytes": len(payload)})
+                    job.report("speech_first_audio", {"bytes": len(payload),
+                                                      "first_audio_ms": round(1000 * (time.time() - job.created), 3)})
             else:
                 await response.write_eof()
                 return response

@@ -166,6 +166,11 @@ def test_first_audio_is_written_before_the_last_sentence_is_synthesized(server):
     first = [e for e in mine if e["event"] == "speech_first_audio"]
     assert [e["block"] for e in blocks] == [0, 1, 2, 3, 4, 5] and len(first) == 1
     assert blocks[0]["id"] < first[0]["id"] < blocks[-1]["id"], [(e["event"], e["id"]) for e in mine]
+    # the same milestone is the time-to-first-audio histogram: one observation per event
+    first_audio = [e for e in journal(server, 0) if e["event"] == "speech_first_audio" and e["model"] == "speaker"]
+    scraped = server.request("GET", "/metrics").body.decode()
+    count = re.search(r'^loom_speech_time_to_first_audio_seconds_count\{model="speaker"\} (\S+)$', scraped, re.M)
+    assert count is not None and float(count.group(1)) >= len(first_audio) >= 1, scraped[-2000:]
 
 
 def test_concurrent_requests_get_the_bytes_they_get_alone(server):

@@ -87,3 +87,16 @@ def test_phase_durations_come_from_consecutive_phase_events(fed):
     assert get(s, "loom_registration_phase_seconds_sum", model="scout", phase="compiling") == pytest.approx(3.0)
     assert get(s, "loom_registration_phase_seconds_sum", model="scout", phase="preparing") == pytest.approx(0.5)
     assert get(s, "loom_registration_phase_seconds_count", model="scout", phase="registering") is None
+
+
+def test_a_speech_request_s_first_audio_is_its_own_histogram(fed):
+    registry, metrics = fed
+    registry._publish({"event": "speech_first_audio", "model": "speaker", "kind": "speech", "request": 3,
+                       "time": 0.0, "bytes": 4800, "first_audio_ms": 55.0})
+    registry._publish({"event": "speech_block", "model": "speaker", "kind": "speech", "request": 3, "time": 0.0,
+                       "block": 0, "blocks": 2, "frames": 10})
+    samples = scrape(metrics)
+    assert get(samples, "loom_speech_time_to_first_audio_seconds_count", model="speaker") == 1
+    assert get(samples, "loom_speech_time_to_first_audio_seconds_sum", model="speaker") == pytest.approx(0.055)
+    assert get(samples, "loom_speech_time_to_first_audio_seconds_bucket", model="speaker", le="0.04") == 0
+    assert get(samples, "loom_speech_time_to_first_audio_seconds_bucket", model="speaker", le="0.06") == 1
