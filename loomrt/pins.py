@@ -172,4 +172,30 @@ class Pins:
         point.pages, point.image = [], None
 
 
-__all__ = ["BACKINGS", "Checkpoint", "Pins"]
+class PinControls:
+    """The checkpoint controls of a service that keeps `Pins` (`/v1/checkpoints/NAME`: look up,
+    suspend, delete), one implementation for the text and sequence services. The service
+    provides `_cond` (its lock), `pins`, `_pending` (queued jobs; a fork waiting on a pin has
+    `_from` set) and `_account_host()` (charges host images to the ledger); pinning itself
+    differs (what a session or handle is) and stays with each service."""
+
+    def checkpoint(self, name: str, suspending: bool = False) -> Checkpoint:
+        """The checkpoint `name` (404); `suspending`: 400 too when its backing is fixed."""
+        with self._cond:
+            return self.pins.check_suspend(name) if suspending else self.pins.get(name)
+
+    def suspend(self, name: str) -> Checkpoint:
+        """Elastic backing: park the pin in host memory, its pool pages freed."""
+        with self._cond:
+            point = self.pins.suspend(name)
+            self._account_host()
+            return point
+
+    def unpin(self, name: str) -> None:
+        """Delete a pin. Requests already started from it own copies; queued ones still need it (409)."""
+        with self._cond:
+            self.pins.remove(name, (getattr(j, "_from", None) for j in self._pending))
+            self._account_host()
+
+
+__all__ = ["BACKINGS", "Checkpoint", "PinControls", "Pins"]

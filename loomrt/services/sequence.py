@@ -48,7 +48,7 @@ import numpy as np
 
 from loomrt.errors import CompileError, Conflict, InvalidRequest, LoomError, NotFound
 from loomrt.kv import PagePool
-from loomrt.pins import Checkpoint, Pins
+from loomrt.pins import Checkpoint, PinControls, Pins
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
 from loomrt.services.packing import TokenRow, pack_rows
@@ -124,7 +124,7 @@ class SequenceAppend(Job):
         return out
 
 
-class SequenceService(StageService):
+class SequenceService(PinControls, StageService):
     """`page_states` are the `per page` states a handle's pages index: the pool sizes from
     them and a checkpoint images only them."""
 
@@ -241,24 +241,6 @@ class SequenceService(StageService):
                                   lambda n: self._evict_for(n, handle))
             self._account_host()
             return point
-
-    def checkpoint(self, name: str, suspending: bool = False) -> Checkpoint:
-        """The checkpoint `name` (404); `suspending`: 400 too when its backing is fixed."""
-        with self._cond:
-            return self.pins.check_suspend(name) if suspending else self.pins.get(name)
-
-    def suspend(self, name: str) -> Checkpoint:
-        """Elastic backing: park the pin in host memory, its pool pages freed."""
-        with self._cond:
-            point = self.pins.suspend(name)
-            self._account_host()
-            return point
-
-    def unpin(self, name: str) -> None:
-        """Delete a pin. Forks already started own copies; queued forks still need it (409)."""
-        with self._cond:
-            self.pins.remove(name, (getattr(j, "_from", None) for j in self._pending))
-            self._account_host()
 
     def _account_host(self) -> None:
         """Charge suspended pins' host images to the host ledger."""

@@ -25,7 +25,7 @@ import numpy as np
 from loomrt.detokenize import IncrementalDecoder
 from loomrt.errors import CompileError, Conflict, InvalidRequest, LoomError, NotFound
 from loomrt.kv import PagePool
-from loomrt.pins import Checkpoint, Pins
+from loomrt.pins import Checkpoint, PinControls, Pins
 from loomrt.prefixes import PrefixCache
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
@@ -113,7 +113,7 @@ class TextRow(TokenRow):
     sample: bool = False
 
 
-class TextService(StageService):
+class TextService(PinControls, StageService):
     """`page_states` are the `per page` states a generation's pages index (the KV cache): the
     pool sizes from them, and retained histories, prefixes and checkpoints copy only them."""
 
@@ -183,23 +183,6 @@ class TextService(StageService):
                           lambda n: self.histories.free_pages(n, self.prefixes.reclaim_one, keep=history))
             self._account_host()
             return point
-
-    def checkpoint(self, name: str, suspending: bool = False) -> Checkpoint:
-        """The checkpoint `name` (404); `suspending`: 400 too when its backing is fixed."""
-        with self._cond:
-            return self.pins.check_suspend(name) if suspending else self.pins.get(name)
-
-    def suspend(self, name: str) -> Checkpoint:
-        """Elastic backing: park the pin in host memory, its pool pages freed."""
-        with self._cond:
-            point = self.pins.suspend(name)
-            self._account_host()
-            return point
-
-    def unpin(self, name: str) -> None:
-        with self._cond:
-            self.pins.remove(name, (j._from for j in self._pending))
-            self._account_host()
 
     def _account_host(self) -> None:
         """Charge the host images (suspended pins, session-cache snapshots) to the host ledger."""
