@@ -267,8 +267,13 @@ def scale(documents: tuple[str, ...], replicas: int, listen: str, samples: Path 
         paths = [p for p, skipped in bundled_documents(folder) if skipped is None]
     url = f"http://{_url_host(host)}:{port}"
     click.echo(f"loomd scale: starting Ray Serve with {replicas} replica(s) of {', '.join(p.parent.name or p.name for p in paths)}")
-    scale_app.run(scale_app.read_documents(paths), replicas, host, port, address=address, affinity=affinity,
-                  threads=threads, replica_cpus=replica_cpus)
+    try:
+        scale_app.run(scale_app.read_documents(paths), replicas, host, port, address=address, affinity=affinity,
+                      threads=threads, replica_cpus=replica_cpus)
+    except KeyboardInterrupt:
+        click.echo("loomd scale: interrupted while starting; shutting down")
+        scale_app.shutdown()
+        sys.exit(130)
     click.echo(f"loomd scale: listening on {url} ({replicas} replicas; {url}/v1/status shows each)")
     sys.stdout.flush()
     stop = threading.Event()

@@ -32,7 +32,7 @@ from typing import Any
 
 VIRTUAL_NODES = 64
 TABLE_ENTRIES = 65536   # per ownership table (LRU)
-SPILL = 8               # in-flight requests an affinity target may exceed the least-loaded one by
+SPILL = 2               # in-flight requests an affinity target may exceed the least-loaded one by
 
 
 class Lost(Exception):

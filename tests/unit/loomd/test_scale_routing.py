@@ -56,7 +56,7 @@ def test_handles_and_checkpoints_of_a_lost_replica_are_lost():
 
 
 def test_a_later_turn_follows_its_longest_prefix():
-    router = Router.of(3)
+    router = Router.of(3, spill=4)
     router.replicas[0].in_flight = 5                          # the least loaded is not where the prefix is
     first = chat("Hello")
     assert router.for_chat("scout", first) == 1
