@@ -7,6 +7,15 @@ parser); each initializer is a tensor named as in the graph (`m.dec.0.dw.weight`
 Only the element types Loom has are listed (f32, f64, f16, bf16 as uint16 bits, the signed and
 unsigned integers, bool); initializers of other types (strings, complex, 4-bit, float8) are
 skipped, as are tensors stored in external data files (this reader opens one file only).
+
+Exporters leave some initializers unnamed: torch.onnx names a transposed Linear weight after a
+counter (`onnx::MatMul_1966`), which says nothing about which layer it belongs to and changes
+with every export. Such a tensor (a name starting `onnx::`) is also listed under an alias
+found by following the graph: `NODE:INPUT`, the name of the one node that consumes it and the
+position of that input, e.g. `/backbone/encoder/layer.3/attention/attention/query/MatMul:1`
+(the B operand of that MatMul, so [in, out] as the graph stores it). The alias exists only
+when exactly one node input, in the main graph, reads the tensor and that node has a name;
+an alias that would collide with an initializer's own name is not made.
 A file `onnx` cannot parse, or a tensor whose data does not match its declared shape, is a
 `CheckpointError`.
 """
@@ -57,7 +66,22 @@ class OnnxCheckpoint(Checkpoint):
                                       f"a second initializer named '{tensor.name}'")
             self._infos[tensor.name] = TensorInfo(tensor.name, dtype, tuple(int(d) for d in tensor.dims))
             self._tensors[tensor.name] = tensor
+        self._alias_unnamed(model.graph)
         self._arrays: dict[str, np.ndarray] = {}
+
+    def _alias_unnamed(self, graph) -> None:
+        """Add the `NODE:INPUT` alias of each unnamed (`onnx::`) initializer read by one node input."""
+        readers: dict[str, list[str]] = {}
+        for node in graph.node:
+            for position, name in enumerate(node.input):
+                if name.startswith("onnx::") and name in self._infos:
+                    readers.setdefault(name, []).append(f"{node.name}:{position}" if node.name else "")
+        for name, aliases in readers.items():
+            if len(aliases) != 1 or not aliases[0] or aliases[0] in self._infos:
+                continue
+            info = self._infos[name]
+            self._infos[aliases[0]] = TensorInfo(aliases[0], info.dtype, info.shape)
+            self._tensors[aliases[0]] = self._tensors[name]
 
     def close(self) -> None:
         self._tensors = {}
