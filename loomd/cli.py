@@ -104,8 +104,9 @@ def bundled_documents(samples: Path) -> list[tuple[Path, str | None]]:
     for path in sorted(samples.glob("*/model.json")):
         try:
             doc = parse_document(path.read_bytes(), origin=str(path))
-            if doc.checkpoint is not None and doc.checkpoint.where == "locator":
-                resolve_locator(doc.checkpoint.path)
+            for ref in doc.checkpoint or ():
+                if ref.where == "locator":
+                    resolve_locator(ref.path)
             out.append((path, None))
         except LoomError as exc:
             out.append((path, exc.message))

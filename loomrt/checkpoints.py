@@ -135,4 +135,53 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     return SafetensorsCheckpoint(path)
 
 
-__all__ = ["Checkpoint", "SUPPORTED_DTYPES", "TensorInfo", "open_checkpoint"]
+class CheckpointSet(Checkpoint):
+    """Several open checkpoints read as one: every name is in exactly one of them."""
+
+    format = "set"
+
+    def __init__(self, parts: list[Checkpoint]):
+        super().__init__(parts[0].path)
+        self.parts = parts
+        self._owner: dict[str, Checkpoint] = {}
+        for part in parts:
+            for name in part.names():
+                if name in self._owner:
+                    raise CheckpointError(f"tensor '{name}' is in both {self._owner[name].path.name} and "
+                                          f"{part.path.name}: a checkpoint's files must not share names")
+                self._owner[name] = part
+                self._infos[name] = part.info(name)
+
+    def __repr__(self) -> str:
+        return f"<CheckpointSet {', '.join(str(p.path) for p in self.parts)} ({len(self._infos)} tensors)>"
+
+    def missing(self, name: str) -> str:
+        near = difflib.get_close_matches(name, self._infos, n=3)
+        hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+        return f"checkpoint files {', '.join(p.path.name for p in self.parts)} have no tensor '{name}'{hint}"
+
+    def get(self, name: str) -> np.ndarray:
+        self.info(name)
+        return self._owner[name].get(name)
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+def open_checkpoints(paths: list[str | Path] | tuple[str | Path, ...]) -> Checkpoint:
+    """One checkpoint file (`open_checkpoint`), or several read as one namespace (`CheckpointSet`)."""
+    if len(paths) == 1:
+        return open_checkpoint(paths[0])
+    parts: list[Checkpoint] = []
+    try:
+        for path in paths:
+            parts.append(open_checkpoint(path))
+        return CheckpointSet(parts)
+    except BaseException:
+        for part in parts:
+            part.close()
+        raise
+
+
+__all__ = ["Checkpoint", "CheckpointSet", "SUPPORTED_DTYPES", "TensorInfo", "open_checkpoint", "open_checkpoints"]

@@ -96,7 +96,7 @@ class ExtraComponent:
 
     sources: tuple[FileRef, ...] = ()
     prepare: FileRef | None = None
-    checkpoint: FileRef | None = None
+    checkpoint: tuple[FileRef, ...] | None = None   # one file, or several read as one (`_checkpoint`)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class ModelDocument:
     sources: tuple[FileRef, ...]
     prepare: FileRef | None = None
     tokenizer: FileRef | None = None
-    checkpoint: FileRef | None = None
+    checkpoint: tuple[FileRef, ...] | None = None   # one file, or several read as one (`_checkpoint`)
     assets: FileRef | None = None             # where asset metadata is read (package or server)
     assets_weights: FileRef | None = None     # where asset weight files are read (always server)
     base_directory: str | None = None
@@ -203,6 +203,17 @@ class _Resolver:
                           "(checkpoint bytes are always read from the server filesystem)")
 
 
+def _checkpoint(path: str, value: Any, r: Any) -> tuple[FileRef, ...]:
+    """A checkpoint: one weight path, or a nonempty list of them whose tensors `prepare` reads
+    as one namespace (a component whose weights come from two packages: a backbone's ONNX and
+    a projector trained here). `loomrt.checkpoints.open_checkpoints` refuses a name in two."""
+    if isinstance(value, list):
+        if not value:
+            raise _fail(path, "must name at least one weight file")
+        return tuple(r.weights(f"{path}[{i}]", v) for i, v in enumerate(value))
+    return (r.weights(path, value),)
+
+
 def _path_list(path: str, value: Any, resolve) -> tuple[FileRef, ...]:
     if not isinstance(value, list):
         raise _fail(path, f"expected array of paths, got {_shown(value)}")
@@ -279,7 +290,7 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
         if key in doc:
             out[key] = r.code(key, doc[key])
     if "checkpoint" in doc:
-        out["checkpoint"] = r.weights("checkpoint", doc["checkpoint"])
+        out["checkpoint"] = _checkpoint("checkpoint", doc["checkpoint"], r)
     if "assets" in doc:
         out["assets"] = r.code("assets", doc["assets"], directory=True)
         out["assets_weights"] = r.weights("assets", doc["assets"], required=False)
@@ -372,7 +383,7 @@ def _components(value: Any, kind: str, r: _Resolver) -> dict[str, ExtraComponent
     return {name: ExtraComponent(
         sources=_path_list(f"{where}sources", spec["sources"], r.code),
         prepare=r.code(f"{where}prepare", spec["prepare"]) if "prepare" in spec else None,
-        checkpoint=r.weights(f"{where}checkpoint", spec["checkpoint"]) if "checkpoint" in spec else None,
+        checkpoint=_checkpoint(f"{where}checkpoint", spec["checkpoint"], r) if "checkpoint" in spec else None,
     )}
 
 

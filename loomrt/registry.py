@@ -28,7 +28,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from loomrt.checkpoints import open_checkpoint
+from loomrt.checkpoints import open_checkpoints
 from loomrt.compiler import Executables, code_path, compile_deployment
 from loomrt.devices import Devices, parse_device_key
 from loomrt.document import ModelDocument, parse_document, resolve_sources
@@ -335,7 +335,7 @@ class Registry:
         if checkpoint is None:
             raise PrepareError(f"model '{doc.model}' declares params but its document names no checkpoint",
                                param="checkpoint")
-        with open_checkpoint(code_path(checkpoint)) as ckpt:
+        with open_checkpoints([code_path(ref) for ref in checkpoint]) as ckpt:
             return prepare_params(plan, ckpt, self.cache_dir, prepared)
 
     def _prepare_service(self, reg: Registration) -> None:

@@ -286,7 +286,7 @@ def _attach_fallback(reg: Any, residency: Any) -> None:
 
     from loomrt.compiler import code_path
 
-    weights = code_path(reg.document.components[FALLBACK_COMPONENT].checkpoint)
+    weights = code_path(reg.document.components[FALLBACK_COMPONENT].checkpoint[0])   # the OOV network's ONNX
     tokenizer.fallback = OOV(str(weights), session=ComponentSession(program, residency, component))
 
 

