@@ -81,3 +81,44 @@ def test_vit_embed_sequences_layerscale_and_drop_class_token(kernel, rng):
     out = np.zeros((b, p, d), np.float32)
     kernel("drop_class_token")(x, out)
     np.testing.assert_array_equal(out, x.reshape(b, per, d)[:, 1:])
+
+
+def _fit_reference(src: np.ndarray, size: int) -> np.ndarray:
+    """fit_rows + fit_cols restated in float64: the triangle filter widened by the reduction."""
+    def weights(n: int) -> np.ndarray:
+        scale = n / size
+        support = max(scale, 1.0)
+        out = np.zeros((size, n))
+        for x in range(size):
+            centre = (x + 0.5) * scale
+            i = np.arange(n)
+            w = np.maximum(1.0 - np.abs((i + 0.5 - centre) / support), 0.0)
+            out[x] = w / w.sum()
+        return out
+    h, w, _ = src.shape
+    rows = np.einsum("xi,hic->hxc", weights(w), src.astype(np.float64))
+    cols = np.einsum("yi,ixc->yxc", weights(h), rows)
+    return np.clip(np.floor(cols + 0.5), 0, 255)
+
+
+@pytest.mark.parametrize("shape, size", [((300, 451, 3), 224), ((97, 61, 3), 224), ((224, 224, 3), 224),
+                                         ((5, 7, 1), 3)])
+def test_fit_image_is_antialiased_bilinear(kernel, rng, shape, size):
+    from PIL import Image
+
+    src = rng.integers(0, 256, shape, dtype=np.uint8)
+    if shape[0] > 50:   # a smooth picture: the filters' differences show at edges, not in noise
+        yy, xx = np.mgrid[0:shape[0], 0:shape[1]]
+        src = np.stack([(xx * 255 // shape[1]), (yy * 255 // shape[0]), ((xx + yy) % 256)], -1).astype(np.uint8)
+    rows = np.zeros((shape[0], size, shape[2]), np.float32)
+    out = np.zeros((size, size, shape[2]), np.uint8)
+    kernel("fit_rows")(src, rows)
+    kernel("fit_cols")(rows, out)
+    want = _fit_reference(src, size)
+    diff = np.abs(out.astype(np.int64) - want.astype(np.int64))
+    assert diff.max() <= 1 and (diff == 0).mean() >= 0.99, (diff.max(), (diff == 0).mean())
+    if shape == (224, 224, 3):
+        assert np.array_equal(out, src)          # the encoder's own geometry passes through untouched
+    if shape[2] == 3:   # Pillow's bilinear resize (8-bit between its passes): within one step
+        pillow = np.asarray(Image.fromarray(src).resize((size, size), Image.Resampling.BILINEAR))
+        assert np.abs(out.astype(np.int64) - pillow.astype(np.int64)).max() <= 1
