@@ -1,1 +1,1 @@
-"""Media the host decodes before a model sees it: recorded audio (`audio.py`) today."""
+"""Media the host decodes before a model sees it: recorded audio (`audio.py`) and chat images (`image.py`)."""
