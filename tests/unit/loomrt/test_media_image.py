@@ -34,7 +34,8 @@ PIXELS = RNG.integers(0, 256, (7, 13, 3), dtype=np.uint8)    # 13 wide, 7 high
 
 def encoded(array: np.ndarray, fmt: str, mode: str | None = None, **options) -> bytes:
     out = io.BytesIO()
-    Image.fromarray(array, mode).save(out, fmt, **options) if mode else Image.fromarray(array).save(out, fmt, **options)
+    image = Image.fromarray(array, mode) if mode else Image.fromarray(array)
+    image.save(out, fmt, **options)
     return out.getvalue()
 
 
@@ -72,7 +73,8 @@ def png_declaring(width: int, height: int) -> bytes:
 
 def webp_declaring(width: int, height: int) -> bytes:
     """An extended (VP8X) WebP header declaring a width x height canvas, and no image data."""
-    vp8x = b"VP8X" + struct.pack("<I", 10) + bytes(4) + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    canvas = (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    vp8x = b"VP8X" + struct.pack("<I", 10) + bytes(4) + canvas
     return b"RIFF" + struct.pack("<I", 4 + len(vp8x)) + b"WEBP" + vp8x
 
 
@@ -142,7 +144,8 @@ def test_parse_image_part_names_every_unknown_key():
     ({"type": "image_url", "image_url": "data:image/png;base64,AA=="}, "p.image_url"),
     ({"type": "image_url", "image_url": {}}, "p.image_url.url"),
     ({"type": "image_url", "image_url": {"url": 7}}, "p.image_url.url"),
-    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==", "detail": "medium"}}, "p.image_url.detail"),
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==", "detail": "medium"}},
+     "p.image_url.detail"),
     ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==", "detail": None}}, "p.image_url.detail"),
 ])
 def test_parse_image_part_rejects_wrong_shapes_naming_the_field(bad, param):
@@ -180,7 +183,8 @@ def test_data_url_parameters_are_allowed():
     assert parse_image_part(part("data:image/png;name=cat.png;base64,AA==")).media_type == "image/png"
 
 
-@pytest.mark.parametrize("payload", ["@@@@", "iVBORw0KGgo", "iVBO Rw0KGgo=", "iVBORw0K\nGgo=", "iVBORw0KGg-_", "é===", ""])
+@pytest.mark.parametrize("payload", ["@@@@", "iVBORw0KGgo", "iVBO Rw0KGgo=", "iVBORw0K\nGgo=", "iVBORw0KGg-_", "é===",
+                                     ""])
 def test_bad_base64_rejects(payload):
     ref = parse_image_part(part(f"data:image/png;base64,{payload}"))
     error = rejected(image_bytes, ref)
@@ -301,6 +305,14 @@ def test_animated_images_reject(fmt):
         assert f"an animated {fmt} with 3 frames; send one still image" in message
 
 
+def test_multi_picture_jpeg_rejects():
+    out = io.BytesIO()
+    Image.fromarray(PIXELS).save(out, "MPO", save_all=True, append_images=[Image.fromarray(255 - PIXELS)])
+    assert sniff(out.getvalue()) == "jpeg"
+    message = rejected(decode_image, out.getvalue(), "image/jpeg").message
+    assert "an MPO (multi-picture) JPEG with 2 frames; send one still image" in message
+
+
 def test_truncated_png_rejects():
     png = encoded(RNG.integers(0, 256, (64, 64, 3), dtype=np.uint8), "PNG")
     for cut in (len(png) // 2, 20, 9):
@@ -333,7 +345,8 @@ def test_limits_on_bytes_side_and_pixels(fmt):
     make = (lambda px: pam(px, "RGB", 255)) if fmt == "PAM" else (lambda px: encoded(px, fmt))
     label = PAM if fmt == "PAM" else MIME[fmt]
     data = make(wide)
-    assert decode_image(data, label, limits=ImageLimits(max_bytes=len(data), max_side=300, max_pixels=3000)).width == 300
+    exact = ImageLimits(max_bytes=len(data), max_side=300, max_pixels=3000)
+    assert decode_image(data, label, limits=exact).width == 300
     message = rejected(decode_image, data, label, limits=ImageLimits(max_bytes=len(data) - 1)).message
     assert f"the image is {len(data)} bytes; this model accepts at most {len(data) - 1}" in message
     message = rejected(decode_image, data, label, limits=ImageLimits(max_side=299)).message
