@@ -333,9 +333,26 @@ def _png_geometry(data: bytes, param: str) -> tuple[int, int]:
 
 
 def _gif_geometry(data: bytes, param: str) -> tuple[int, int]:
-    if len(data) < 10:
+    """The logical screen, widened to the first frame's extent as Pillow widens it: a frame may
+    lie outside a small screen, so the screen alone would let a bomb through to Pillow."""
+    if len(data) < 13:
         raise _corrupt("gif", "truncated header", param)
-    return struct.unpack("<HH", data[6:10])
+    width, height, flags = struct.unpack("<HHB", data[6:11])
+    i = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)
+    while i < len(data):
+        block = data[i]
+        if block == 0x2C:   # image descriptor: left, top, width, height
+            if i + 9 > len(data):
+                break
+            left, top, w, h = struct.unpack("<HHHH", data[i + 1:i + 9])
+            return max(width, left + w), max(height, top + h)
+        if block != 0x21:   # anything but an extension before the first image
+            break
+        i += 2
+        while i < len(data) and data[i]:   # the extension's sub-blocks, up to the empty one
+            i += 1 + data[i]
+        i += 1
+    raise _corrupt("gif", "no image before the end of the file", param)
 
 
 def _webp_geometry(data: bytes, param: str) -> tuple[int, int]:

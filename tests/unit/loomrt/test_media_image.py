@@ -385,6 +385,17 @@ def test_a_webp_canvas_is_refused_before_libwebp_allocates_it(pillow_calls):
     assert pillow_calls == []
 
 
+def test_a_gif_frame_outside_its_small_screen_is_refused_before_pillow_opens_it(pillow_calls):
+    """Pillow widens a GIF's size to its first frame; a 10 x 10 screen must not hide a 60000 x
+    60000 frame from our limits (Pillow's bomb error would otherwise answer first)."""
+    screen = b"GIF89a" + struct.pack("<HHBBB", 10, 10, 0, 0, 0)
+    comment = b"!\xfe\x03abc\x00"
+    frame = b"," + struct.pack("<HHHHB", 5, 0, 60000, 60000, 0) + b"\x02\x02\x44\x01\x00;"
+    message = rejected(decode_image, screen + comment + frame, "image/gif").message
+    assert "the image is 60005 x 60000; this model accepts at most 8192 pixels a side" in message
+    assert pillow_calls == []
+
+
 def test_a_pam_bomb_is_refused_before_any_sample_is_read():
     bomb = b"P7\nWIDTH 40000\nHEIGHT 40000\nDEPTH 3\nMAXVAL 255\nTUPLTYPE RGB\nENDHDR\n" + bytes(16)
     tracemalloc.start()
