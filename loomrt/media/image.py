@@ -193,9 +193,8 @@ def image_bytes(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS) -> bytes:
     _, payload = _split_data_url(ref.url, ref.param)
     if not payload:
         raise InvalidRequest(f"{ref.param}: the data URL holds no image bytes", param=ref.param)
-    if len(payload) % 4 == 0:
-        size = len(payload) // 4 * 3 - (2 if payload.endswith("==") else 1 if payload.endswith("=") else 0)
-        _check_bytes(size, limits, ref.param)
+    padding = 2 if payload.endswith("==") else 1 if payload.endswith("=") else 0
+    _check_bytes(len(payload) * 3 // 4 - padding, limits, ref.param)   # exact for well-formed base64
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:

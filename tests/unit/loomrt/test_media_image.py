@@ -199,6 +199,9 @@ def test_image_bytes_decodes_and_bounds_the_payload_before_decoding():
     assert image_bytes(ref, ImageLimits(max_bytes=len(png))) == png
     error = rejected(image_bytes, ref, ImageLimits(max_bytes=len(png) - 1))
     assert f"the image is {len(png)} bytes; this model accepts at most {len(png) - 1}" in error.message
+    unpadded = parse_image_part(part("data:image/png;base64," + "A" * 30))   # 22 bytes, were it padded
+    assert "the image is 22 bytes; this model accepts at most 21" in rejected(
+        image_bytes, unpadded, ImageLimits(max_bytes=21)).message
 
 
 # ----------------------------------------------------------------------------- formats and labels
