@@ -20,6 +20,8 @@ from typing import Any
 
 from loomrt.errors import InvalidRequest, LoomError
 from loomrt.fields import fail, reject_unknown, shown
+from loomrt.media.image import IMAGE_URL_FIELDS
+from loomrt.media.image import PART_FIELDS as IMAGE_PART_FIELDS
 from loomrt.services.text import Sampling
 
 CHAT_FN = "chat_request"
@@ -29,8 +31,7 @@ DEFAULT_MESSAGE_FIELDS: dict[str, tuple[str, ...]] = {
     "assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id"),
 }
 #: the fields of a content part, by its type (spec: "Image input"); other types are the source's to judge
-PART_FIELDS: dict[str, tuple[str, ...]] = {"text": ("type", "text"), "image_url": ("type", "image_url")}
-IMAGE_URL_FIELDS = ("url", "detail")
+PART_FIELDS: dict[str, tuple[str, ...]] = {"text": ("type", "text"), "image_url": IMAGE_PART_FIELDS}
 
 
 @dataclass(frozen=True)

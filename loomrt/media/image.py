@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from loomrt.errors import InvalidRequest
-from loomrt.fields import shown
+from loomrt.fields import reject_unknown, shown
 
 DETAILS = ("auto", "low", "high")
 PART_FIELDS = ("type", "image_url")
@@ -164,7 +164,7 @@ def parse_image_part(part: Any, where: str = "image") -> ImageRef:
     path (`messages[0].content[1]`), the prefix of every error's param."""
     if not isinstance(part, dict):
         raise InvalidRequest(f"{where}: expected an image_url part object, got {shown(part)}", param=where)
-    _reject_unknown(part, PART_FIELDS, f"{where}.")
+    reject_unknown(part, PART_FIELDS, f"{where}.")
     if part.get("type") != "image_url":
         raise InvalidRequest(f"{where}.type: expected \"image_url\", got {shown(part.get('type'))}",
                              param=f"{where}.type")
@@ -173,7 +173,7 @@ def parse_image_part(part: Any, where: str = "image") -> ImageRef:
         what = "is missing" if "image_url" not in part else f"must be an object, got {shown(image)}"
         raise InvalidRequest(f"{where}.image_url {what} (an object with url and optional detail)",
                              param=f"{where}.image_url")
-    _reject_unknown(image, IMAGE_URL_FIELDS, f"{where}.image_url.")
+    reject_unknown(image, IMAGE_URL_FIELDS, f"{where}.image_url.")
     param = f"{where}.image_url.url"
     url = image.get("url")
     if not isinstance(url, str):
@@ -578,14 +578,6 @@ def _pillow_pixels(im: Any, fmt: str, param: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------- helpers
-
-
-def _reject_unknown(obj: dict[str, Any], known: tuple[str, ...], prefix: str) -> None:
-    unknown = [k for k in obj if k not in known]
-    if unknown:
-        names = ", ".join(f"'{prefix}{k}'" for k in unknown)
-        raise InvalidRequest(f"unknown field{'s' if len(unknown) > 1 else ''} {names} (an image part takes "
-                             f"{', '.join(prefix + k for k in known)})", param=prefix + unknown[0])
 
 
 __all__ = [
