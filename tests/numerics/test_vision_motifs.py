@@ -122,3 +122,17 @@ def test_fit_image_is_antialiased_bilinear(kernel, rng, shape, size):
     if shape[2] == 3:   # Pillow's bilinear resize (8-bit between its passes): within one step
         pillow = np.asarray(Image.fromarray(src).resize((size, size), Image.Resampling.BILINEAR))
         assert np.abs(out.astype(np.int64) - pillow.astype(np.int64)).max() <= 1
+
+
+@pytest.mark.parametrize("k, grid", [(4, 16), (2, 16), (1, 4), (3, 9)])
+def test_pool_grid_is_the_mean_of_each_block(kernel, rng, k, grid):
+    b, d = 3, 5
+    features = rng.standard_normal((b, grid * grid, d)).astype(np.float32)
+    side = grid // k
+    pooled = np.zeros((b * side * side, d), np.float32)
+    kernel("pool_grid")(features, k, pooled)
+    want = features.reshape(b, side, k, side, k, d).astype(np.float64).mean(axis=(2, 4)).reshape(-1, d)
+    np.testing.assert_allclose(pooled, want, rtol=1e-6, atol=1e-6)
+    one = np.zeros((side * side, d), np.float32)
+    kernel("pool_grid")(features[1:2].copy(), k, one)
+    assert np.array_equal(one, pooled[side * side:2 * side * side])   # an image alone: the same bits
