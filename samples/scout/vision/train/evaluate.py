@@ -8,6 +8,8 @@ stopping at <|im_end|>). An answer *names* the emoji when the head noun of its U
 'face') appears in it as a word (a plural 's'/'es' allowed). Also reported: `all words`, every
 word of the name (minus 'with', 'of', ...) in the answer.
 
+Both sets are capped at --limit (100) renderings, evenly spaced over the split's list.
+
 Usage: python evaluate.py [--detail auto|low] [--limit N] [--out results.md]
 """
 
@@ -86,8 +88,10 @@ def main() -> None:
     k = DETAIL_POOL[args.detail]
     lines = []
     for name in ("eval_seen", "eval_unseen"):
-        entries = split[name][:args.limit]
-        feats = torch.from_numpy(np.load(CACHE / f"{name}.npy")[:args.limit])
+        n = len(split[name])
+        sel = np.unique(np.linspace(0, n - 1, min(n, args.limit)).round().astype(int))  # evenly spaced
+        entries = [split[name][i] for i in sel]
+        feats = torch.from_numpy(np.load(CACHE / f"{name}.npy")[sel])
         t = time.time()
         answers = generate(lm, tok, proj, feats, k)
         hit = [names(a, e["head"]) for a, e in zip(answers, entries)]
