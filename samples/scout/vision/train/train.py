@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument("--bf16", type=int, default=0)
     ap.add_argument("--out", default=str(HERE))
+    ap.add_argument("--resume", default="", help="continue from these projector weights (no align stage), "
+                    "appending to loss.csv; a fresh lr warm-up/decay cycle")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -71,12 +73,22 @@ def main() -> None:
     target_ids = [ids(tok, e["caption"] + END) for e in train]
 
     proj = Projector(args.hidden)
-    log = open(Path(args.out) / "loss.csv", "w", newline="")
-    w = csv.writer(log)
-    w.writerow(["stage", "step", "positions", "loss", "lr", "seconds"])
-    t0 = time.time()
-    align(proj, feats, train, tok, embed, args, w)
-    print(f"align stage: {time.time() - t0:.0f}s", flush=True)
+    step0 = 0
+    if args.resume:
+        from safetensors.torch import load_file
+        proj.load_state_dict({k.removeprefix("projector."): v for k, v in load_file(args.resume).items()})
+        rows = list(csv.DictReader(open(Path(args.out) / "loss.csv")))
+        step0 = 1 + max(int(r["step"]) for r in rows if r["stage"] == "lm")
+        rng.seed(args.seed + step0)
+        log = open(Path(args.out) / "loss.csv", "a", newline="")
+        w = csv.writer(log)
+    else:
+        log = open(Path(args.out) / "loss.csv", "w", newline="")
+        w = csv.writer(log)
+        w.writerow(["stage", "step", "positions", "loss", "lr", "seconds"])
+        t0 = time.time()
+        align(proj, feats, train, tok, embed, args, w)
+        print(f"align stage: {time.time() - t0:.0f}s", flush=True)
 
     opt = torch.optim.AdamW(proj.parameters(), lr=args.lr, weight_decay=0.0)
     budget = args.minutes * 60
@@ -129,14 +141,14 @@ def main() -> None:
         opt.step()
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         el = time.time() - t0
-        w.writerow(["lm", step, P, f"{loss.item():.4f}", f"{lr:.3e}", f"{el:.1f}"])
+        w.writerow(["lm", step0 + step, P, f"{loss.item():.4f}", f"{lr:.3e}", f"{el:.1f}"])
         log.flush()
         if step % 5 == 0:
             print(f"step {step} P={P} loss {loss.item():.3f} ema {ema:.3f} {el:.0f}s", flush=True)
         step += 1
         if step % 20 == 0:
-            save(proj, Path(args.out) / "projector.safetensors", args, step)
-    save(proj, Path(args.out) / "projector.safetensors", args, step)
+            save(proj, Path(args.out) / "projector.safetensors", args, step0 + step)
+    save(proj, Path(args.out) / "projector.safetensors", args, step0 + step)
     log.close()
     print(f"done: {step} LM steps ({step * args.batch} samples) in {time.time() - t0:.0f}s, final ema loss {ema:.3f}")
 
