@@ -69,11 +69,15 @@ class Checkpoint:
     def names(self) -> list[str]:
         return list(self._infos)
 
+    def describe(self) -> str:
+        """How messages name this checkpoint."""
+        return f"checkpoint {self.path.name} has"
+
     def missing(self, name: str) -> str:
         """The message for a name this checkpoint lacks, with the nearest names it has."""
         near = difflib.get_close_matches(name, self._infos, n=3)
         hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
-        return f"checkpoint {self.path.name} has no tensor '{name}'{hint}"
+        return f"{self.describe()} no tensor '{name}'{hint}"
 
     def info(self, name: str) -> TensorInfo:
         found = self._infos.get(name)
@@ -155,10 +159,8 @@ class CheckpointSet(Checkpoint):
     def __repr__(self) -> str:
         return f"<CheckpointSet {', '.join(str(p.path) for p in self.parts)} ({len(self._infos)} tensors)>"
 
-    def missing(self, name: str) -> str:
-        near = difflib.get_close_matches(name, self._infos, n=3)
-        hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
-        return f"checkpoint files {', '.join(p.path.name for p in self.parts)} have no tensor '{name}'{hint}"
+    def describe(self) -> str:
+        return f"checkpoint files {', '.join(p.path.name for p in self.parts)} have"
 
     def get(self, name: str) -> np.ndarray:
         self.info(name)

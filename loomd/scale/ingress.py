@@ -47,10 +47,6 @@ START_TIMEOUT_S = 600.0
 RESPONSE_HEADERS_DROPPED = HOP_BY_HOP | {"date", "server"}
 
 
-class ReplicaDown(Exception):
-    """The chosen replica did not answer before a response started."""
-
-
 class LoomIngress:
     """The ingress deployment's class (`loomd.scale.app.build_app` wraps it in `serve.deployment`)."""
 

@@ -4,6 +4,7 @@ test directories, so nothing imports from it)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import json
 import os
@@ -25,6 +26,18 @@ def write_document(directory: Path, name: str, **fields) -> Path:
     path = directory / f"{name}.json"
     path.write_text(mini_document(directory, model=name, **fields))
     return path
+
+
+@contextlib.contextmanager
+def serving(daemon: Daemon, names: list[str], timeout: float = 300.0):
+    """A started daemon once `names` are ready; stopped at the end, which must exit 0 (its
+    output is the failure message otherwise)."""
+    try:
+        assert wait_ready(daemon, names, timeout=timeout), daemon.request("GET", "/v1/status").body.decode()
+        yield daemon
+    finally:
+        code = daemon.stop()
+        assert code == 0, "".join(daemon.output)
 
 
 def wait_ready(server: Daemon, names: list[str], timeout: float = 300.0) -> bool:

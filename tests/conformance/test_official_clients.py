@@ -28,7 +28,7 @@ import openai
 import pytest
 import soundfile
 
-from conformance_support import wait_ready
+from conformance_support import serving
 from loomd_process import REPO, Daemon
 from loomrt.locator import resolve_locator
 from scout_daemon import scout_document
@@ -55,13 +55,8 @@ def server(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OPENBLAS_NUM_THREADS", "1")
         daemon = Daemon.start(tmp, docs)
-    try:
-        assert wait_ready(daemon, MODELS, timeout=READY_DEADLINE_S), \
-            daemon.request("GET", "/v1/status").body.decode()
+    with serving(daemon, MODELS, READY_DEADLINE_S):
         yield daemon
-    finally:
-        code = daemon.stop()
-        assert code == 0, "".join(daemon.output)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conformance_support import wait_ready
+from conformance_support import serving
 from loomd_process import REPO, Daemon
 
 README = REPO / "README.md"
@@ -38,14 +38,8 @@ def test_make_serve_runs_loomd_on_the_bundled_samples():
 
 @pytest.fixture(scope="module")
 def bundled(tmp_path_factory):
-    server = Daemon.start(tmp_path_factory.mktemp("bundled"), [])
-    try:
-        assert wait_ready(server, BUNDLED, timeout=READY_DEADLINE_S), \
-            server.request("GET", "/v1/status").body.decode()
+    with serving(Daemon.start(tmp_path_factory.mktemp("bundled"), []), BUNDLED, READY_DEADLINE_S) as server:
         yield server
-    finally:
-        code = server.stop()
-        assert code == 0, "".join(server.output)
 
 
 def test_the_readme_curl_example_answers(bundled):

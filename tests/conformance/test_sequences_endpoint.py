@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conformance_support import ENCODER_DIM as DIM
+from conformance_support import ENCODER_DIM as DIM, serving
 from conformance_support import SequenceStream as Stream
 from conformance_support import checked_sequence as checked
 from conformance_support import encoder_document as sequence_document
-from conformance_support import sequence, wait_ready, write_document
+from conformance_support import sequence, write_document
 from loomd_process import Daemon
 from scout_daemon import GGUF, IO_TIMEOUT_S, READY_DEADLINE_S, wait_until
 
@@ -64,13 +64,8 @@ def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sequences")
     docs = [encoder_document(tmp), write_document(tmp, "mini")]
     daemon = Daemon.start(tmp, docs)
-    try:
-        assert wait_ready(daemon, ["encoder", "mini"], timeout=READY_DEADLINE_S), \
-            daemon.request("GET", "/v1/status").body.decode()
+    with serving(daemon, ["encoder", "mini"], READY_DEADLINE_S):
         yield daemon
-    finally:
-        code = daemon.stop()
-        assert code == 0, "".join(daemon.output)
 
 
 @pytest.fixture(scope="module")

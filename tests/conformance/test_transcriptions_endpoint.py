@@ -24,7 +24,7 @@ import pytest
 import soundfile
 import soxr
 
-from conformance_support import wait_ready, write_document
+from conformance_support import serving, write_document
 from loomd_process import REPO, Daemon, read_response
 from loomrt.locator import resolve_locator
 from spec_examples import TRANSCRIPTION_PCM, TRANSCRIPTION_WAV, run_example
@@ -149,13 +149,8 @@ def wait_idle(server: Daemon) -> dict:
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recognizer")
     daemon = Daemon.start(tmp, [RECOGNIZER, write_document(tmp, "mini")])
-    try:
-        assert wait_ready(daemon, ["recognizer", "mini"], timeout=300), \
-            daemon.request("GET", "/v1/status").body.decode()
+    with serving(daemon, ["recognizer", "mini"]):
         yield daemon
-    finally:
-        code = daemon.stop()
-        assert code == 0, "".join(daemon.output)
 
 
 @pytest.fixture(scope="module")
