@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,6 +35,7 @@ DEFAULT_KEEPALIVE_TIMEOUT_S = 30.0
 DEFAULT_WRITE_STALL_TIMEOUT_S = 60.0
 DEFAULT_READING_CONNECTIONS = 64
 from loomrt.errors import LoomError
+from loomrt.media.image import OPTIONAL_FORMATS as OPTIONAL_IMAGE_FORMATS
 
 SAMPLES_ENV = "LOOM_SAMPLES"
 # Where a source checkout has its root when loomd is imported from one (`loomd/` beside
@@ -113,14 +115,25 @@ def bundled_documents(samples: Path) -> list[tuple[Path, str | None]]:
     return out
 
 
+def parse_image_formats(value: str) -> Any:
+    """`png,jpeg` -> ImageFormats; a usage error naming the unknown ones."""
+    from loomrt.media.image import ImageFormats
+
+    names = [n.strip().lower() for n in value.split(",") if n.strip()]
+    try:
+        return ImageFormats(frozenset(names))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--image-formats") from None
+
+
 async def _serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], device_memory: dict,
-                 grace: float, settings_fields: dict) -> None:
+                 grace: float, settings_fields: dict, image_formats: Any = None) -> None:
     from loomd.app import Settings, make_app, start_listeners
     from loomd.startup import StartupReport
     from loomrt.devices import Devices
     from loomrt.registry import Registry
 
-    registry = Registry(Devices(device_memory))
+    registry = Registry(Devices(device_memory), image_formats=image_formats)
     settings = Settings(**settings_fields)
     app = make_app(registry, settings)
     runner = await start_listeners(app, settings, [parse_listen(v) for v in listen or (DEFAULT_LISTEN,)])
@@ -204,10 +217,13 @@ def main() -> None:
 @click.option("--log-retention", "--log_retention", "log_retention", type=click.IntRange(1), default=RETAINED,
               show_default=True, help="log journal entries kept for /logz and /logz/stream; a cursor older "
                                       "than that gets a gap record")
+@click.option("--image-formats", "image_formats", default=",".join(OPTIONAL_IMAGE_FORMATS), show_default=True,
+              metavar="LIST", help="the image formats decoded besides PAM (always on), comma-separated; "
+                                   "an empty list leaves PAM alone")
 def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, ...], request_body_bytes: int,
           connections: int, reading_connections: int, header_timeout: float, body_timeout: float,
           keepalive_timeout: float, write_stall_timeout: float, device_memory: tuple[str, ...], grace: float,
-          log_retention: int) -> None:
+          log_retention: int, image_formats: str) -> None:
     """Serve model documents (default: the bundled samples whose weights are installed) over HTTP."""
     from loomd.aiohttp_adapter import check_aiohttp_version
 
@@ -219,6 +235,7 @@ def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, .
     for value in listen:
         parse_listen(value)
     budgets = parse_device_memory(device_memory)
+    formats = parse_image_formats(image_formats)
     # loomrt and loomd log failures that are nobody's request's fault with their tracebacks:
     # they go to stderr, where the operator reads the daemon (clients get a short 500).
     logging.basicConfig(level=logging.WARNING, format="loomd: %(levelname)s %(name)s: %(message)s")
@@ -231,7 +248,7 @@ def serve(documents: tuple[str, ...], samples: Path | None, listen: tuple[str, .
                            "log_retention": log_retention, "header_timeout": header_timeout,
                            "body_timeout": body_timeout, "keepalive_timeout": keepalive_timeout,
                            "write_stall_timeout": write_stall_timeout, "reading_connections": reading_connections}
-        asyncio.run(_serve(documents, samples, listen, budgets, grace, settings_fields))
+        asyncio.run(_serve(documents, samples, listen, budgets, grace, settings_fields, formats))
     except OSError as exc:
         click.echo(f"loomd: {exc}", err=True)
         sys.exit(1)

@@ -109,6 +109,9 @@ class Metrics:
                                      ["model"], registry=r)
         self.cache_hits = Counter("loom_prefix_cache_hits", "Prompt tokens reused instead of prefilled, by source "
                                   "(prefix, retained, checkpoint)", ["model", "source"], registry=r)
+        self.images = Counter("loom_image_inputs", "Images in finished chat requests, by outcome: projected (decoded "
+                              "and run through the image component) or reused (their positions came from a cache)",
+                              ["model", "outcome"], registry=r)
         self.first_audio = Histogram("loom_speech_time_to_first_audio_seconds",
                                      "Submission to the first PCM bytes written to a speech client",
                                      ["model"], buckets=TTFT_BUCKETS, registry=r)
@@ -138,6 +141,9 @@ class Metrics:
         if generated:
             self.tokens.labels(model, "output").inc(generated)
             self.generation_tokens.labels(model).inc(generated)
+        if event.get("images"):
+            self.images.labels(model, "projected").inc(event.get("images_projected", 0))
+            self.images.labels(model, "reused").inc(event.get("images_reused", 0))
         if "error" in event or "queue_ms" not in event:
             return   # latencies are of successful inference requests (a utility is never queued)
         e2e = event["duration_ms"] / 1000

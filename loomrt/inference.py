@@ -87,7 +87,7 @@ def chat(registry: Registry, model: Any, body: dict[str, Any], *, max_tokens: in
     prepared = reg.policy.prepare(body)
     gen = Generation(prepared.prompt, max_tokens, prepared.sampling,
                      prepared.stop_ids, prepared.state, outbox=Outbox(loop=loop, deltas=stream), session=session,
-                     checkpoint=checkpoint)
+                     checkpoint=checkpoint, images=prepared.images)
     gen.route = what
     registry.submit(reg.name, gen)
     return gen
@@ -113,7 +113,7 @@ def count_chat(registry: Registry, model: Any, body: dict[str, Any], what: str =
     reg = registry.serving(model, "text", what)
     output_limit(reg, body, max_tokens)
     with registry.utility(reg, "input_tokens", what, bounded=True) as job:
-        n = len(reg.policy.prepare(body).prompt)
+        n = len(reg.policy.prepare(body, decode=False).prompt)   # image headers only
         if n > reg.document.context_length:
             raise InvalidRequest(f"the input needs {n} tokens, but model '{reg.name}' has a context "
                                  f"of {reg.document.context_length} tokens", param="messages")

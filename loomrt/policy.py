@@ -20,6 +20,7 @@ from typing import Any
 
 from loomrt.errors import InvalidRequest, LoomError
 from loomrt.fields import fail, reject_unknown, shown
+from loomrt.image_input import ImageInput, ImageSlot, image_parts
 from loomrt.media.image import IMAGE_URL_FIELDS
 from loomrt.media.image import PART_FIELDS as IMAGE_PART_FIELDS
 from loomrt.services.text import Sampling
@@ -36,10 +37,11 @@ PART_FIELDS: dict[str, tuple[str, ...]] = {"text": ("type", "text"), "image_url"
 
 @dataclass(frozen=True)
 class PreparedChat:
-    prompt: list[int]
+    prompt: list[int]               # token ids, and each image's placeholder ids (negative)
     sampling: Sampling
     stop_ids: tuple[int, ...]
     state: Any
+    images: tuple[ImageSlot, ...] = ()
 
 
 def _contract_error(message: str) -> LoomError:
@@ -47,10 +49,15 @@ def _contract_error(message: str) -> LoomError:
 
 
 class TextPolicy:
-    def __init__(self, control: Any, tokenizer: Any, vocab_size: int):
+    """`images` is the deployment's image input (None: image parts are refused, `refusal` says why)."""
+
+    def __init__(self, control: Any, tokenizer: Any, vocab_size: int, images: ImageInput | None = None,
+                 refusal: str = "it reads text only"):
         self.control = control
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.images = images
+        self.refusal = refusal
         if not control.has(CHAT_FN):
             raise LoomError(f"a text deployment's control program needs fn {CHAT_FN}(request: map, tok: any) -> map")
         self.message_fields = self._message_fields(control)
@@ -104,14 +111,26 @@ class TextPolicy:
         if isinstance(image, dict):
             reject_unknown(image, IMAGE_URL_FIELDS, f"{where}.image_url.")
 
-    def prepare(self, request: dict[str, Any]) -> PreparedChat:
-        """Validate and render one chat request (PolicyFailure carries the policy's own 4xx)."""
+    def prepare(self, request: dict[str, Any], *, decode: bool = True) -> PreparedChat:
+        """Validate and render one chat request (PolicyFailure carries the policy's own 4xx).
+        Its images are decoded (`decode`, a generation) or only their headers read (a count)."""
         self.check_messages(request)
+        refs = image_parts(request)
+        if refs and self.images is None:
+            raise InvalidRequest(f"{refs[0].param}: this model does not accept images ({self.refusal})",
+                                 param=refs[0].param)
         result = self.control.call(CHAT_FN, [request, self.tokenizer])
         if not isinstance(result, dict):
             raise _contract_error("it must return a map")
         prompt = result.get("prompt")
-        if not isinstance(prompt, list) or not all(type(t) is int and 0 <= t < self.vocab_size for t in prompt):
+        if not isinstance(prompt, list) or not all(type(t) is not int or 0 <= t < self.vocab_size for t in prompt):
+            raise _contract_error(f"'prompt' must be a list of token ids in 0..{self.vocab_size - 1} (and image "
+                                  "slots, for a deployment with image input)")
+        images: tuple[ImageSlot, ...] = ()
+        if self.images is not None:
+            expanded = self.images.expand(prompt, refs, decode=decode)
+            prompt, images = expanded.ids, expanded.images
+        elif not all(type(t) is int for t in prompt):
             raise _contract_error(f"'prompt' must be a list of token ids in 0..{self.vocab_size - 1}")
         s = result.get("sampling")
         if not isinstance(s, dict):
@@ -124,7 +143,7 @@ class TextPolicy:
         stop = result.get("stop", [])
         if not isinstance(stop, list) or not all(type(t) is int for t in stop):
             raise _contract_error("'stop' must be a list of token ids")
-        return PreparedChat(prompt, sampling, tuple(stop), result.get("state"))
+        return PreparedChat(prompt, sampling, tuple(stop), result.get("state"), images)
 
 
 __all__ = ["CHAT_FN", "DEFAULT_MESSAGE_FIELDS", "MESSAGE_FIELDS_FN", "PreparedChat", "TextPolicy"]

@@ -35,6 +35,7 @@ from loomrt.document import ModelDocument, parse_document, resolve_sources
 from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomError, NotFound,
                            NotImplementedFeature, PrepareError, QueueFull, TooManyRequests, Unavailable,
                            internal_error)
+from loomrt.media.image import ImageFormats
 from loomrt.package import PackageFiles
 from loomrt.prepare import prepare_params
 from loomrt.residency import Component, Residency
@@ -130,8 +131,10 @@ class Utility(Job):
 class Registry:
     """All registrations of one server process, their devices and their residency."""
 
-    def __init__(self, devices: Devices | None = None, *, workers: int = 2, cache_dir: Path | None = None):
+    def __init__(self, devices: Devices | None = None, *, workers: int = 2, cache_dir: Path | None = None,
+                 image_formats: ImageFormats | None = None):
         self.devices = devices or Devices()
+        self.image_formats = image_formats or ImageFormats()   # what image-input deployments decode
         self.residency = Residency(self.devices)
         self.cache_dir = cache_dir
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="loom-build")
@@ -279,6 +282,8 @@ class Registry:
             if spec is not None:
                 _check_state_scopes(doc, ex, spec)
             policy = spec.create_policy(reg, ex, tokenizer) if spec is not None else None
+            if getattr(policy, "images", None) is not None:
+                policy.images.formats = self.image_formats
             with self._lock:
                 reg.tokenizer, reg.policy, reg.spec = tokenizer, policy, spec
                 reg.executables = ex

@@ -27,7 +27,8 @@ KIND_ROUTES: dict[str, tuple[str, list[str], list[str]]] = {
 def model_object(reg: Registration) -> dict[str, Any]:
     doc = reg.document
     endpoint, inputs, outputs = KIND_ROUTES[doc.kind]
-    if doc.image is not None:
+    images = getattr(reg.policy, "images", None) if doc.kind == "text" else None
+    if images is not None:        # a program that takes images, not merely a declared component
         inputs = inputs + ["image"]
     loom: dict[str, Any] = {"kind": doc.kind, "tokenize": reg.tokenizer is not None,
                             "input_tokens": doc.kind == "text" and reg.policy is not None,
@@ -38,6 +39,10 @@ def model_object(reg: Registration) -> dict[str, Any]:
     if doc.kind == "text":
         loom["context_length"] = doc.context_length
         loom["limits"] = {"max_output_tokens": doc.max_output_tokens}
+    if images is not None:
+        limits = images.limits
+        loom["image_input"] = {"formats": list(images.formats.supported()), "max_bytes": limits.max_bytes,
+                               "max_side": limits.max_side, "max_pixels": limits.max_pixels}
     if doc.kind == "recognition" and reg.policy is not None:
         geometry = reg.policy.geometry
         loom["input_formats"] = container_formats() + ["pcm"]

@@ -26,6 +26,7 @@ from loomrt.detokenize import IncrementalDecoder
 from loomrt.errors import CompileError, Conflict, InvalidRequest, LoomError, NotFound
 from loomrt.kv import PagePool
 from loomrt.pins import Checkpoint, PinControls, Pins
+from loomrt.image_input import ImageSlot
 from loomrt.prefixes import PrefixCache
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
@@ -51,12 +52,13 @@ class Generation(Job):
 
     def __init__(self, prompt: list[int], max_tokens: int, sampling: Sampling, stop_ids: list[int] | tuple = (),
                  policy_state: Any = None, *, outbox: Outbox | None = None, kind: str = "chat",
-                 session: str | None = None, checkpoint: str | None = None):
+                 session: str | None = None, checkpoint: str | None = None, images: tuple[ImageSlot, ...] = ()):
         super().__init__([], kind=kind)
         self.session = session
         self.checkpoint = checkpoint            # X-Loom-Checkpoint: continue from this endpoint
         self._from: Any = None                  # the Checkpoint object, resolved at admission
         self.prompt = [int(t) for t in prompt]
+        self.images = tuple(images)             # the prompt's image positions (loomrt/image_input.py)
         self.max_tokens = max_tokens
         self.sampling = sampling
         self.seed = sampling.seed if sampling.seed is not None else secrets.randbits(64)
@@ -94,12 +96,17 @@ class Generation(Job):
     def describe(self, state: str) -> dict[str, Any]:
         out = super().describe(state)
         out.update(prompt_tokens=len(self.prompt), completion_tokens=len(self.generated), pages=len(self.pages))
+        if self.images:
+            out.update(images=len(self.images), images_projected=sum(s.projected for s in self.images))
         return out
 
     def outcome(self) -> dict[str, Any]:
         out = {"stream": self.outbox.deltas, "prompt_tokens": len(self.prompt),
                "completion_tokens": len(self.generated), "cached_tokens": self.cached_tokens,
                "cache_source": self.cache_source}
+        if self.images:
+            out.update(images=len(self.images), images_projected=sum(s.projected for s in self.images),
+                       images_reused=sum(s.end <= self.cached_tokens for s in self.images))
         if self.finish_reason is not None:
             out["finish_reason"] = self.finish_reason
         return out
@@ -120,8 +127,10 @@ class TextService(PinControls, StageService):
     def __init__(self, *args: Any, tokenizer: Any, control: Any, page_size: int, context_length: int,
                  page_states: list[str], prefill_chunk: int = PREFILL_CHUNK, session_cache_capacity: int = 0,
                  checkpoint_capacity: int = 0, checkpoint_backing: str = "elastic", prefix_cache_capacity: int = 0,
-                 **kwargs: Any):
+                 projector: Any = None, embed_dim: int = 0, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.projector = projector          # an ImageProjector when the deployment takes images
+        self.embed_dim = embed_dim          # the width of the step stage's `embeds` (0: it has none)
         self.tokenizer = tokenizer
         self.control = control
         self.context_length = context_length
@@ -142,6 +151,8 @@ class TextService(PinControls, StageService):
             raise InvalidRequest("a text deployment serves generations")
         if not job.prompt:
             raise InvalidRequest("the rendered prompt is empty: nothing to continue from")
+        if job.images and self.projector is None:
+            raise InvalidRequest("this deployment does not project images", param="messages")
         if len(job.prompt) > self.context_length:
             raise InvalidRequest(f"the prompt needs {len(job.prompt)} tokens, but model '{self.model}' has a "
                                  f"context of {self.context_length} tokens per request", param="messages")
@@ -253,6 +264,9 @@ class TextService(PinControls, StageService):
             self.histories.restore(history, fresh, reused)
         job.pages = own + fresh
         job.kv = job.cached_tokens = reused
+        for slot in job.images:
+            if slot.end <= reused:      # its positions came from the cache: no pixels needed
+                slot.rgb = None
         job.cache_source = "prefix" if prefix is not None else "retained" if history is not None and reused else None
         job.decoder = IncrementalDecoder(self.tokenizer)
         if self.histories.session_cache_capacity:
@@ -279,6 +293,9 @@ class TextService(PinControls, StageService):
         self.pins.warm(point, lambda n: self.histories.free_pages(n, self.prefixes.reclaim_one))
         self.pins.copy_into(point, job.pages)
         job.kv = job.cached_tokens = reused
+        for slot in job.images:
+            if slot.end <= reused:
+                slot.rgb = None
         job.cache_source = "checkpoint"
         job.decoder = IncrementalDecoder(self.tokenizer)
         return True
@@ -327,11 +344,14 @@ class TextService(PinControls, StageService):
                 if self.prefixes.enabled:
                     n = min(n, self.prefixes.stride - g.kv % self.prefixes.stride)
                 budget -= n
-                rows.append(TextRow(g, tuple(g.prompt[g.kv:g.kv + n]), g.kv, tuple(g.pages),
+                rows.append(TextRow(g, tuple(max(t, 0) for t in g.prompt[g.kv:g.kv + n]), g.kv, tuple(g.pages),
                                     sample=g.kv + n == len(g.prompt)))
+        rows = self._project(rows)
         if not rows:
             return []
         inputs = pack_rows(rows, self.pages_per_row)
+        if self.embed_dim:
+            inputs.update(self._placed(rows))
         sampling = [r.job.sampling for r in rows]
         inputs.update(temperature=np.array([s.temperature for s in sampling], np.float32),
                       top_p=np.array([s.top_p for s in sampling], np.float32),
@@ -340,11 +360,47 @@ class TextService(PinControls, StageService):
                       counter=np.array([len(r.job.generated) for r in rows], np.uint64))
         return [StepPlan(STEP_STAGE, tuple(r.job for r in rows), inputs, tuple(rows))]
 
+    def _project(self, rows: list[TextRow]) -> list[TextRow]:
+        """Project, as one cohort, the images whose positions this step's prefill chunks reach
+        and that have no rows yet; a generation whose image fails (a decode error) fails alone."""
+        needed = [s for r in rows if not r.job.prefilled for s in r.job.images
+                  if s.embeds is None and s.start < r.start + len(r.tokens) and r.start < s.end]
+        if not needed or self.projector is None:
+            return rows
+        failed = self.projector.project(needed, self.executables)
+        if not failed:
+            return rows
+        broken = {}
+        for r in rows:
+            error = next((failed[s] for s in r.job.images if s in failed), None)
+            if error is not None:
+                broken[r.job] = error
+        for g, error in broken.items():
+            self._finish(g, error)
+        return [r for r in rows if r.job not in broken]
+
+    def _placed(self, rows: list[TextRow]) -> dict[str, np.ndarray]:
+        """`embeds` and `embed_at`: the projected rows of the image positions packed in this step."""
+        parts, at, t0 = [], [], 0
+        for r in rows:
+            end = r.start + len(r.tokens)
+            for s in r.job.images if not r.job.prefilled else ():
+                lo, hi = max(s.start, r.start), min(s.end, end)
+                if lo < hi:
+                    parts.append(np.asarray(s.embeds[lo - s.start:hi - s.start], np.float32))
+                    at.extend(range(t0 + lo - r.start, t0 + hi - r.start))
+            t0 += len(r.tokens)
+        embeds = np.concatenate(parts) if parts else np.zeros((0, self.embed_dim), np.float32)
+        return {"embeds": np.ascontiguousarray(embeds), "embed_at": np.array(at, np.int32)}
+
     def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
         for r, row in enumerate(plan.rows):
             g = row.job
             prefilling = not g.prefilled
             g.kv += len(row.tokens)
+            for s in g.images if prefilling else ():
+                if s.end <= g.kv:
+                    s.embeds = None       # its positions are in the cache now
             if prefilling and self.prefixes.enabled:
                 self._offer_prefix(g)
             if row.sample:
@@ -417,20 +473,56 @@ def _tool_calls(g: Generation, calls: Any) -> list[dict[str, Any]]:
 
 
 
+def image_stages(module: Any) -> tuple[str, ...]:
+    """The stages that project images (text source contract, "Image input"): each takes one
+    `pixels: u8[B, S, S, C]` and returns `embeds` (B x positions rows)."""
+    return tuple(sorted(name for name, stage in module.stages.items()
+                        if [a.name for a in stage.args] == ["pixels"] and stage.args[0].dtype == "u8"
+                        and len(stage.args[0].dims) == 4 and [r.name for r in stage.results] == ["embeds"]))
+
+
+def image_support(reg: Any, module: Any) -> str | None:
+    """Why a text deployment cannot take images, or None when it can: it declares the `image`
+    component, a `fit` stage and image stages, and its step stage places `embeds` at `embed_at`."""
+    from loomrt.image_input import FIT_STAGE
+
+    if reg.document.image is None:
+        return "it declares no image component"
+    step = {a.name for a in module.stages[STEP_STAGE].args} if STEP_STAGE in module.stages else set()
+    missing = [what for what, ok in ((f"a '{FIT_STAGE}' stage", FIT_STAGE in module.stages),
+                                     ("an image stage (pixels -> embeds)", bool(image_stages(module))),
+                                     (f"'embeds' and 'embed_at' inputs of {STEP_STAGE}", {"embeds", "embed_at"} <= step))
+               if not ok]
+    return f"its program lacks {', '.join(missing)}" if missing else None
+
+
 def create_policy(reg: Any, executables: Any, tokenizer: Any) -> Any:
-    """The text policy (the control program's `chat_request`) over the deployment's tokenizer."""
+    """The text policy (the control program's `chat_request`) over the deployment's tokenizer,
+    with image input when the program supports it."""
     from loomrt.control import Control
+    from loomrt.image_input import ImageInput
     from loomrt.policy import TextPolicy
 
     if tokenizer is None:
         raise CompileError(f"model '{reg.name}': a text deployment needs a tokenizer")
-    return TextPolicy(Control(executables.control), tokenizer, tokenizer.get_vocab_size(with_added_tokens=True))
+    control = Control(executables.control)
+    refusal = image_support(reg, executables.module)
+    images = ImageInput(control, image_stages(executables.module)) if refusal is None else None
+    return TextPolicy(control, tokenizer, tokenizer.get_vocab_size(with_added_tokens=True), images,
+                      refusal or "")
 
 
 def create_service(reg: Any, component: Any, residency: Any, state: dict, **common: Any) -> TextService:
     from loomrt.state import page_size
 
     module = reg.executables.module
+    step = {a.name: a for a in module.stages[STEP_STAGE].args}
+    embed_dim = step["embeds"].dims[1].constant if "embeds" in step else 0
+    projector = None
+    if reg.policy.images is not None:
+        from loomrt.services.projection import ImageProjector
+
+        projector = ImageProjector(reg.name, residency, reg.components["image"], reg.policy.images)
     return TextService(reg.name, reg.executables, component, residency, state, reg.document.pending_capacity,
                        tokenizer=reg.tokenizer, control=reg.policy.control, page_size=page_size(module),
                        page_states=[s.name for s in module.stage_states(STEP_STAGE) if s.scope == "page"],
@@ -438,7 +530,8 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
                        session_cache_capacity=reg.document.session_cache_capacity,
                        checkpoint_capacity=reg.document.checkpoint_capacity,
                        checkpoint_backing=reg.document.checkpoint_backing,
-                       prefix_cache_capacity=reg.document.prefix_cache_capacity, **common)
+                       prefix_cache_capacity=reg.document.prefix_cache_capacity, projector=projector,
+                       embed_dim=embed_dim, **common)
 
 
 KIND = KindSpec("text", (STEP_STAGE,), create_policy, create_service, route="chat")

@@ -28,6 +28,16 @@ READY_DEADLINE_S = 180.0
 IO_TIMEOUT_S = 60.0
 
 
+def image_component() -> dict[str, Any]:
+    """scout's `components.image` (samples/scout/model.json) with its paths made absolute: the
+    control program declares the image stages, so every scout document carries the component
+    (its params load on the first image)."""
+    image = json.loads((SCOUT / "model.json").read_text())["components"]["image"]
+    local = lambda p: p if p.startswith("package:") else str(SCOUT / p)   # noqa: E731
+    return {"sources": [local(p) for p in image["sources"]], "prepare": local(image["prepare"]),
+            "checkpoint": [local(p) for p in image["checkpoint"]]}
+
+
 def scout_document(directory: Path, name: str = "scout", *, rows: int = 4, context_length: int = 512,
                    max_output_tokens: int = 64, pool_capacity: int | None = None,
                    pending_capacity: int | None = None, session_cache_capacity: int | None = None,
@@ -36,7 +46,7 @@ def scout_document(directory: Path, name: str = "scout", *, rows: int = 4, conte
         "model": name, "kind": "text",
         "control": str(SCOUT / "control.loom"), "prepare": str(SCOUT / "prepare.loom"),
         "sources": [str(SCOUT / "model.loom")],
-        "tokenizer": GGUF, "checkpoint": GGUF,
+        "tokenizer": GGUF, "checkpoint": GGUF, "components": {"image": image_component()},
         "rows": rows, "context_length": context_length, "limits": {"max_output_tokens": max_output_tokens},
     }
     if pool_capacity is not None:

@@ -10,8 +10,9 @@ what it parses is what the server meant: streamed text equals the greedy JSON an
 vectors decode to exactly the f32 values of the float ones, speech is the bytes a plain HTTP
 request gets, a known recording transcribes to its known text.
 
-Image generation and image input join this module when a deployment serves them (none of the
-bundled samples does yet). The spec's curl examples run verbatim elsewhere (`spec_examples`).
+Image input: an image part (a PNG data URL) reaches scout's image component and gets an answer,
+counted as the input-token endpoint counts it. Image generation joins this module when a
+deployment serves it. The spec's curl examples run verbatim elsewhere (`spec_examples`).
 
 The daemon runs with OPENBLAS_NUM_THREADS=1, as the embeddings module's (see its BLAS note).
 """
@@ -27,6 +28,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+from PIL import Image
 
 from conformance_support import serving
 from loomd_process import REPO, Daemon
@@ -85,6 +87,7 @@ def test_models_list_names_every_deployment(client):
     # loom's extensions survive the client's parsing as extra fields
     assert models["speaker"].model_extra["output_modalities"] == ["audio"]
     assert models["recognizer"].model_extra["input_modalities"] == ["audio"]
+    assert models["scout"].model_extra["input_modalities"] == ["text", "image"]
 
 
 # ---- chat ----------------------------------------------------------------------------------------
@@ -101,6 +104,21 @@ def test_chat_completion(answer):
     assert "Paris" in choice.message.content
     assert choice.finish_reason == "stop"
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
+
+
+def test_chat_with_an_image_part(client, server):
+    pixels = np.zeros((60, 80, 3), np.uint8)
+    pixels[:, :, 0] = np.linspace(0, 255, 80, dtype=np.uint8)          # a red ramp with a blue square
+    pixels[20:40, 30:50] = (30, 60, 220)
+    png = io.BytesIO()
+    Image.fromarray(pixels).save(png, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+                                             {"type": "text", "text": "What is in this image?"}]}]
+    reply = client.chat.completions.create(model="scout", messages=messages, temperature=0, max_tokens=16)
+    assert reply.choices[0].message.content.strip()
+    counted = server.request("POST", "/v1/chat/completions/input_tokens", {"model": "scout", "messages": messages})
+    assert reply.usage.prompt_tokens == counted.json()["input_tokens"]
 
 
 def test_streamed_chat_concatenates_to_the_same_text(client, answer):

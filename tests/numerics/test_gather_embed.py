@@ -16,6 +16,19 @@ def test_gather_last(kernel, rng, rows, tokens, width):
     np.testing.assert_array_equal(y, want)
 
 
+@pytest.mark.parametrize("placed,tokens,width", [(0, 3, 5), (1, 1, 3), (5, 9, 97)])
+def test_place_rows(kernel, rng, placed, tokens, width):
+    rows = rng.standard_normal((placed, width)).astype(np.float32)
+    at = rng.permutation(tokens + 2)[:placed].astype(np.int32) - 1   # distinct, some outside 0..T
+    x = rng.standard_normal((tokens, width)).astype(np.float32)
+    want = x.copy()
+    for e, i in enumerate(at):
+        if 0 <= i < tokens:
+            want[i] = rows[e]
+    kernel("place_rows")(rows, at, x)
+    np.testing.assert_array_equal(x, want)   # the rest of x untouched; E = 0 places nothing
+
+
 @pytest.mark.parametrize("vocab,tokens,width", [(5, 1, 3), (50, 7, 64), (33, 12, 97)])
 def test_embed_f32(kernel, rng, vocab, tokens, width):
     table = rng.standard_normal((vocab, width)).astype(np.float32)

@@ -37,7 +37,7 @@ def scout():
 def test_scout_prefill_decode_runs(scout):
     program, params = scout
     plan = program.plan
-    assert len(plan.dispatches) == 1 + 30 * 13 + 4  # embed, 13 per layer, gather, norm, LM head, sample
+    assert len(plan.dispatches) == 2 + 30 * 13 + 4  # embed, place image rows, 13 per layer, gather, norm, LM head, sample
     assert plan.params["wq"].family == (0, 30) and plan.params["token_embd"].dtype == "q8_0"
     pages = 8
     state = {name: np.zeros((pages, 30, 16, 192), np.float32) for name in ("k_cache", "v_cache")}
@@ -53,6 +53,8 @@ def test_scout_prefill_decode_runs(scout):
         "top_k": np.array([0, 40], np.int32),
         "seed": np.array([1, 2], np.uint64),
         "counter": np.array([0, 0], np.uint64),
+        "embeds": np.zeros((0, 576), np.float32),     # no image positions in this step
+        "embed_at": np.zeros(0, np.int32),
     }
     out = program.run(params, state, inputs)
     assert out["next"].dtype == np.int32 and out["next"].shape == (2,)

@@ -30,9 +30,10 @@ def test_the_scout_checks_pass():
     result = invoke(str(REPO / "samples" / "scout"))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[-1] == "9 passed, 0 failed"
+    assert lines[-1] == "10 passed, 0 failed"
     assert all(line.startswith("ok ") and "control.loom::" in line for line in lines[:-1])
     assert any(line.endswith("::validate_sampling_normalises") for line in lines)
+    assert any(line.endswith("::user_pieces_place_images_in_order") for line in lines)
 
 
 @pytest.mark.parametrize("sample", ["encoder", "judge", "vectors"])
@@ -166,7 +167,8 @@ def test_scout_renders_chatml_with_its_own_system_prompt(scout):
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": [{"content": "x"}]}, "every message needs a string 'role'"),
     ({"messages": [{"role": "user", "content": 3}]}, "'content' must be a string or a list of text parts"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "'content' parts must be text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "'content' parts must be text or image_url"),
+    ({"messages": [{"role": "system", "content": [{"type": "image_url"}]}]}, "only user messages may hold images"),
 ])
 def test_scout_render_rejects_bad_messages(scout, request_, message):
     with pytest.raises(PolicyFailure) as info:

@@ -159,7 +159,7 @@ def test_a_document_exposes_its_control_program_only(repo):
     program = compile_program(load_document(repo / "samples" / "scout" / "model.json"))
     assert {"render", "validate_sampling", "stop_token_ids", "chat_request", "publish"} <= set(program.entry)
     assert all(program.functions[i].path.endswith("control.loom") for i in program.entry.values())
-    assert len(program.checks) == 9 and program.instruction_count() > 100
+    assert len(program.checks) == 10 and program.instruction_count() > 100
 
 
 def test_calls_resolve_to_fns_before_host_functions(tmp_path):
