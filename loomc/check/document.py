@@ -88,13 +88,15 @@ def load_document(path: Path) -> CheckedProgram:
 
     control = load("control", doc["control"]) if "control" in doc else []
     prepare = load("prepare", doc["prepare"]) if "prepare" in doc else []
+    by_component = {"primary": list(prepare)}
     sources = load("sources", doc["sources"]) if "sources" in doc else []
     components = doc.get("components", {})
     for name, comp in (components.items() if isinstance(components, dict) else ()):
         if isinstance(comp, dict):
             offset = _offset(text, _position(text, name))
             if "prepare" in comp:
-                prepare += load("prepare", comp["prepare"], offset)
+                by_component[name] = load("prepare", comp["prepare"], offset)
+                prepare += by_component[name]
             if "sources" in comp:
                 sources += load("sources", comp["sources"], offset)
 
@@ -103,7 +105,10 @@ def load_document(path: Path) -> CheckedProgram:
         doc_error("config", "L0701", "'config' must be an object of overrides")
         overrides = {}
     overrides = _check_overrides(program, overrides, text, doc_error)
-    return _check_roles(program, reporter, control, prepare, sources, overrides, doc)
+    checked = _check_roles(program, reporter, control, prepare, sources, overrides, doc)
+    if len(by_component) > 1:   # as load_roles: each component's params apart
+        checked.roles.update({f"prepare.{name}": infos for name, infos in by_component.items()})
+    return checked
 
 
 def load_roles(origin: str, control: Path, prepare: Mapping[str, list[Path]], sources: list[Path],

@@ -116,11 +116,14 @@ class PreparePlan:
         return any(reads(p.value) for p in self.params)
 
 
-def prepare_plan(checked: CheckedProgram) -> PreparePlan:
-    """The plan of a whole checked program: a document's prepare modules, else every module's params."""
+def prepare_plan(checked: CheckedProgram, component: str = "primary") -> PreparePlan:
+    """The plan of a checked program's `component`: a document's prepare modules for it (all of
+    them when it declares no extra component), else every module's params."""
     if not checked.ok:
         raise ValueError("the program has diagnostics; lower only a clean program")
-    return lower_prepare(checked, checked.roles["prepare"] if checked.roles else checked.modules)
+    if not checked.roles:
+        return lower_prepare(checked, checked.modules)
+    return lower_prepare(checked, checked.roles.get(f"prepare.{component}", checked.roles["prepare"]))
 
 
 def lower_prepare(checked: CheckedProgram, modules: list[ModuleInfo]) -> PreparePlan:

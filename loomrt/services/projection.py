@@ -28,7 +28,6 @@ class ImageProjector:
         self.residency = residency
         self.component = component
         self.images = images
-        self.projected = 0          # images projected since start (counts for status and metrics)
 
     def project(self, slots: list[ImageSlot], executables: Any) -> dict[ImageSlot, LoomError]:
         """Project `slots` with the stages of `executables` (the service's current variant),
@@ -45,24 +44,24 @@ class ImageProjector:
             for slot in slots:
                 try:
                     rgb = slot.rgb if slot.rgb is not None else self.images.decode(slot)
-                    fitted.setdefault(slot.stage, []).append((slot, self._run(executables, FIT_STAGE, params, {"image": rgb})["pixels"]))
+                    pixels = _host(self._run(executables, FIT_STAGE, params, {"image": rgb})["pixels"])
+                    fitted.setdefault(slot.stage, []).append((slot, pixels))
                 except LoomError as exc:
                     failed[slot] = exc
                 slot.rgb = None
             for stage, group in fitted.items():
                 try:
-                    embeds = self._run(executables, stage, params, {"pixels": np.stack([np.asarray(p) for _, p in group])})["embeds"]
+                    embeds = _host(self._run(executables, stage, params, {"pixels": np.stack([p for _, p in group])})["embeds"])
                 except LoomError as exc:
                     failed.update((slot, exc) for slot, _ in group)
                     continue
-                rows = np.asarray(embeds).reshape(len(group), -1, embeds.shape[-1])
+                rows = embeds.reshape(len(group), -1, embeds.shape[-1])
                 for (slot, _), own in zip(group, rows):
                     if own.shape[0] != slot.positions:
                         failed[slot] = LoomError(f"image stage '{stage}' gave {own.shape[0]} rows per image, but the "
                                                  f"policy placed {slot.positions} positions for it")
                         continue
                     slot.embeds, slot.projected = own, True
-                    self.projected += 1
         finally:
             self.residency.release(self.component)
         return failed
@@ -75,6 +74,13 @@ class ImageProjector:
             raise
         except Exception as exc:  # noqa: BLE001 - a bug below us: report it, keep serving
             raise internal_error(log, f"model '{self.model}': image stage '{stage}' failed", exc) from exc
+
+
+def _host(array: Any) -> np.ndarray:
+    """A stage result in host memory (a CUDA program's results are device arrays). The rows go
+    back to the device with the step's other inputs; keeping them resident there until the
+    prefill is a later optimisation."""
+    return array if isinstance(array, np.ndarray) else np.asarray(array.get())
 
 
 __all__ = ["ImageProjector"]

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image, ImageDraw
 from prometheus_client.parser import text_string_to_metric_families
 
-from scout_daemon import IO_TIMEOUT_S, chat, open_stream, start_scout, wait_idle
+from scout_daemon import IO_TIMEOUT_S, chat, open_stream, start_scout, wait_idle, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "loomrt"))
 from image_files import data_url, encoded, pam, part, png_declaring  # noqa: E402
@@ -235,3 +235,30 @@ def test_an_image_outside_a_user_message_is_a_400(server):
                                            {"role": "user", "content": "Hi"}]}
     response = chat(server, body)
     assert response.status == 400 and "only user messages may hold images" in response.json()["error"]["message"]
+
+
+# ---- the image component's residency ---------------------------------------------------------------
+
+def image_component(server) -> dict:
+    status = server.request("GET", "/v1/status", timeout=IO_TIMEOUT_S).json()
+    scout = next(r for r in status["registrations"] if r["model"] == "scout")
+    return {c["component"]: c for c in scout["components"]}
+
+
+def test_the_image_component_unloads_alone_and_reloads_with_the_next_image(server):
+    answer(server, asking(image_part()))
+    assert image_component(server)["image"]["resident"] is True
+    assert server.request("POST", "/v1/models/drain", {"model": "scout"}).status == 200
+    try:
+        response = server.request("POST", "/v1/models/deactivate", {"model": "scout", "component": "image"})
+        assert response.status == 202, response.body
+        wait_until(lambda: not image_component(server)["image"]["resident"], "the image params to be released")
+        assert image_component(server)["primary"]["resident"] is True
+        pinned = server.request("POST", "/v1/models/pin", {"model": "scout", "component": "image"})
+        assert pinned.status == 200, pinned.body
+    finally:
+        assert server.request("POST", "/v1/models/undrain", {"model": "scout"}).status == 200
+    answer(server, asking(image_part(PNG_B, detail="low")))          # loads the params again
+    components = image_component(server)
+    assert components["image"]["resident"] is True and components["image"]["pinned"] is True
+    assert server.request("POST", "/v1/models/unpin", {"model": "scout", "component": "image"}).status == 200

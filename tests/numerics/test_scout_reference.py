@@ -173,6 +173,8 @@ def ours_greedy(scout, layout):
         "top_p": np.ones(rows, np.float32),
         "top_k": np.zeros(rows, np.int32),
         "seed": np.arange(1, rows + 1, dtype=np.uint64),
+        "embeds": np.zeros((0, 576), np.float32),      # no image positions
+        "embed_at": np.zeros(0, np.int32),
     }
     state = fresh_state()
     nxt = program.run(params, state, {**layout["prefill"], **sampling,
