@@ -126,11 +126,7 @@ class TextPolicy:
         if not isinstance(prompt, list) or not all(type(t) is not int or 0 <= t < self.vocab_size for t in prompt):
             raise _contract_error(f"'prompt' must be a list of token ids in 0..{self.vocab_size - 1} (and image "
                                   "slots, for a deployment with image input)")
-        images: tuple[ImageSlot, ...] = ()
-        if self.images is not None:
-            expanded = self.images.expand(prompt, refs, decode=decode)
-            prompt, images = expanded.ids, expanded.images
-        elif not all(type(t) is int for t in prompt):
+        if self.images is None and not all(type(t) is int for t in prompt):
             raise _contract_error(f"'prompt' must be a list of token ids in 0..{self.vocab_size - 1}")
         s = result.get("sampling")
         if not isinstance(s, dict):
@@ -143,6 +139,10 @@ class TextPolicy:
         stop = result.get("stop", [])
         if not isinstance(stop, list) or not all(type(t) is int for t in stop):
             raise _contract_error("'stop' must be a list of token ids")
+        images: tuple[ImageSlot, ...] = ()
+        if self.images is not None:    # last: decoding is the costly check
+            expanded = self.images.expand(prompt, refs, decode=decode)
+            prompt, images = expanded.ids, expanded.images
         return PreparedChat(prompt, sampling, tuple(stop), result.get("state"), images)
 
 

@@ -24,9 +24,9 @@ import numpy as np
 
 from loomrt.detokenize import IncrementalDecoder
 from loomrt.errors import CompileError, Conflict, InvalidRequest, LoomError, NotFound
+from loomrt.image_input import ImageSlot
 from loomrt.kv import PagePool
 from loomrt.pins import Checkpoint, PinControls, Pins
-from loomrt.image_input import ImageSlot
 from loomrt.prefixes import PrefixCache
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
