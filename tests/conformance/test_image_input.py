@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,22 @@ def image_counts(server) -> dict[str, float]:
     return out
 
 
+def counted(server, want: dict[str, float]) -> dict[str, float]:
+    """The image counters once they read `want`: a request's outcome reaches /metrics from the
+    service thread just after its response is written, so a scrape right after may precede it."""
+    wait_until(lambda: image_counts(server) == want, f"loom_image_inputs_total to read {want}")
+    return want
+
+
+def settled_counts(server) -> dict[str, float]:
+    """The image counters once two reads 0.2 s apart agree (earlier requests' outcomes are in)."""
+    def stable() -> dict[str, float] | None:
+        first = image_counts(server)
+        time.sleep(0.2)  # the gap between the two reads
+        return first if image_counts(server) == first else None
+    return wait_until(stable, "the image counters to settle")
+
+
 def count(server, body: dict) -> int:
     response = server.request("POST", "/v1/chat/completions/input_tokens", body, timeout=IO_TIMEOUT_S)
     assert response.status == 200, response.body
@@ -118,12 +135,11 @@ def test_input_tokens_count_image_positions_as_the_generation_does(server):
 
 def test_an_answer_about_an_image_then_a_follow_up_reuses_it_without_projecting(server):
     wait_idle(server)
-    before = image_counts(server)
+    before = settled_counts(server)
     first = answer(server, asking(image_part(PNG_B)))
     reply = first["choices"][0]["message"]["content"]
     assert isinstance(reply, str) and reply.strip()
-    after_first = image_counts(server)
-    assert after_first["projected"] == before["projected"] + 1
+    after_first = counted(server, {"projected": before["projected"] + 1, "reused": before["reused"]})
     wait_idle(server)
 
     history = asking(image_part(PNG_B))["messages"] + [{"role": "assistant", "content": reply}]
@@ -131,8 +147,7 @@ def test_an_answer_about_an_image_then_a_follow_up_reuses_it_without_projecting(
     second = answer(server, follow)
     # the whole first turn (image positions included) came from the retained row
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["prompt_tokens"]
-    after_second = image_counts(server)
-    assert after_second == {"projected": after_first["projected"], "reused": after_first["reused"] + 1}
+    after_second = counted(server, {"projected": after_first["projected"], "reused": after_first["reused"] + 1})
     wait_idle(server)
 
     # another detail is another image identity: the image is projected again
@@ -140,14 +155,14 @@ def test_an_answer_about_an_image_then_a_follow_up_reuses_it_without_projecting(
     third = answer(server, low)
     assert third["usage"]["prompt_tokens"] == second["usage"]["prompt_tokens"] - HIGH + LOW
     assert third["usage"]["prompt_tokens_details"]["cached_tokens"] < first["usage"]["prompt_tokens"] - HIGH
-    assert image_counts(server)["projected"] == after_second["projected"] + 1
+    counted(server, {"projected": after_second["projected"] + 1, "reused": after_second["reused"]})
     wait_idle(server)
 
     # and so are other bytes in the same place
     other = {**follow, "messages": [asking(image_part(PNG_A))["messages"][0], *follow["messages"][1:]]}
     fourth = answer(server, other)
     assert fourth["usage"]["prompt_tokens_details"]["cached_tokens"] < first["usage"]["prompt_tokens"] - HIGH
-    assert image_counts(server)["projected"] == after_second["projected"] + 2
+    counted(server, {"projected": after_second["projected"] + 2, "reused": after_second["reused"]})
 
 
 def test_pam_and_png_of_the_same_pixels_give_the_same_answer(server):
