@@ -97,15 +97,18 @@ class Generation(Job):
         out = super().describe(state)
         out.update(prompt_tokens=len(self.prompt), completion_tokens=len(self.generated), pages=len(self.pages))
         if self.images:
-            out.update(images=len(self.images), images_projected=sum(s.projected for s in self.images))
+            out.update(images=len(self.images), images_projected=self._images_projected())
         return out
+
+    def _images_projected(self) -> int:
+        return sum(s.projected for s in self.images)
 
     def outcome(self) -> dict[str, Any]:
         out = {"stream": self.outbox.deltas, "prompt_tokens": len(self.prompt),
                "completion_tokens": len(self.generated), "cached_tokens": self.cached_tokens,
                "cache_source": self.cache_source}
         if self.images:
-            out.update(images=len(self.images), images_projected=sum(s.projected for s in self.images),
+            out.update(images=len(self.images), images_projected=self._images_projected(),
                        images_reused=sum(s.end <= self.cached_tokens for s in self.images))
         if self.finish_reason is not None:
             out["finish_reason"] = self.finish_reason
