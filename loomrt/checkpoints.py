@@ -171,14 +171,36 @@ class CheckpointSet(Checkpoint):
             part.close()
 
 
-def open_checkpoints(paths: list[str | Path] | tuple[str | Path, ...]) -> Checkpoint:
-    """One checkpoint file (`open_checkpoint`), or several read as one namespace (`CheckpointSet`)."""
-    if len(paths) == 1:
+class Prefixed(Checkpoint):
+    """One checkpoint whose every tensor is named `prefix + name`: an image deployment's a-th
+    LoRA adapter file reads as `lora.{a}.<name>` beside the base weights."""
+
+    def __init__(self, part: Checkpoint, prefix: str):
+        super().__init__(part.path)
+        self.part, self.prefix = part, prefix
+        self.format = part.format
+        self._infos = {prefix + name: TensorInfo(prefix + name, i.dtype, i.shape) for name, i in part._infos.items()}
+
+    def get(self, name: str) -> np.ndarray:
+        self.info(name)
+        return self.part.get(name[len(self.prefix):])
+
+    def close(self) -> None:
+        self.part.close()
+
+
+def open_checkpoints(paths: list[str | Path] | tuple[str | Path, ...],
+                     prefixed: tuple[tuple[str, str | Path], ...] = ()) -> Checkpoint:
+    """One checkpoint file (`open_checkpoint`), or several read as one namespace (`CheckpointSet`),
+    with each `(prefix, path)` of `prefixed` added under its prefix (`Prefixed`)."""
+    if len(paths) == 1 and not prefixed:
         return open_checkpoint(paths[0])
     parts: list[Checkpoint] = []
     try:
         for path in paths:
             parts.append(open_checkpoint(path))
+        for prefix, path in prefixed:
+            parts.append(Prefixed(open_checkpoint(path), prefix))
         return CheckpointSet(parts)
     except BaseException:
         for part in parts:
@@ -186,4 +208,4 @@ def open_checkpoints(paths: list[str | Path] | tuple[str | Path, ...]) -> Checkp
         raise
 
 
-__all__ = ["Checkpoint", "CheckpointSet", "SUPPORTED_DTYPES", "TensorInfo", "open_checkpoint", "open_checkpoints"]
+__all__ = ["Checkpoint", "CheckpointSet", "Prefixed", "SUPPORTED_DTYPES", "TensorInfo", "open_checkpoint", "open_checkpoints"]

@@ -14,7 +14,7 @@ Failures are `CompileError` (422) carrying every diagnostic as `path:line:col`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,9 @@ class Executables:
     sources: tuple[str, ...]                  # the providers, as loaded (for records)
     target: str = "cpu"
     notes: list[str] = field(default_factory=list)
+    #: The same providers compiled again with other host configs (an image deployment's
+    #: size specializations: `rebuild({"width": 96, "height": 64})`); None where not kept.
+    rebuild: Callable[[Mapping[str, int]], "Executables"] | None = field(default=None, repr=False, compare=False)
 
     @property
     def control(self):
@@ -100,11 +103,21 @@ class Executables:
 MODEL = "model"
 
 
+#: The configs the host sets on a kind's programs (docs/source-contracts.md): an image source
+#: is specialized for one width x height at a time and sized for the registered adapters.
+def host_configs(doc: ModelDocument) -> dict[str, int]:
+    if doc.kind == "image":
+        return {"width": doc.width, "height": doc.height, "adapters": len(doc.loras)}
+    return {}
+
+
 def build_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None,
                      sources: tuple[FileRef, ...] | None = None,
-                     upload: Mapping[str, bytes] | None = None) -> CompiledModule:
+                     upload: Mapping[str, bytes] | None = None,
+                     configs: Mapping[str, int] | None = None) -> CompiledModule:
     """The compiled module of `doc`, or of a variant candidate: `sources` replacing the
-    document's own, with package references in `sources` naming members of `upload`."""
+    document's own, with package references in `sources` naming members of `upload`.
+    Config values: the document's, then the host's (`host_configs`), then `configs`."""
     packages: dict[str, Mapping[str, bytes]] = {}
     ns = UPLOAD
     if sources is not None:
@@ -123,19 +136,20 @@ def build_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None,
         source_paths += [code_path(s, ns) for s in extra.sources]
     try:
         return build_module(doc.origin or doc.model, code_path(doc.control, ns), prepare, source_paths,
-                            dict(doc.config), packages)
+                            {**doc.config, **host_configs(doc), **(configs or {})}, packages)
     except ModuleError as exc:
         raise CompileError(f"model '{doc.model}' does not compile", exc.diagnostics, exc.sources) from None
 
 
 def compile_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None, *, target: str = "cpu",
                        sources: tuple[FileRef, ...] | None = None, upload: Mapping[str, bytes] | None = None,
-                       cache_dir: Path | None = None, kernels_compiled: Progress | None = None) -> Executables:
+                       cache_dir: Path | None = None, kernels_compiled: Progress | None = None,
+                       configs: Mapping[str, int] | None = None) -> Executables:
     """Compile a deployment's code (or a candidate provider set) and build it for `target`,
     its kernels (the stages' and the preparations' `compute` kernels) compiled before it is
     returned, so its first request does not compile them; `kernels_compiled` is told
     (compiled, total) as they finish (`loomc.run.ahead`)."""
-    module = build_deployment(doc, package, sources, upload)
+    module = build_deployment(doc, package, sources, upload, configs)
     with run_errors():
         programs = build_programs(module, target, cache_dir)
         preparing = [launcher for plan in module.components.values() if plan.kernels
@@ -143,7 +157,11 @@ def compile_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None, 
         compile_ahead(ahead_of_time_units(programs, preparing), kernels_compiled)
     shown = tuple(code_path(s).as_posix() if s.where != "package" else s.path
                   for s in (sources if sources is not None else doc.sources))
-    return Executables(module, programs, Contract.of(module), shown, target)
+    def rebuild(more: Mapping[str, int]) -> Executables:
+        return compile_deployment(doc, package, target=target, sources=sources, upload=upload, cache_dir=cache_dir,
+                                  configs={**(configs or {}), **more})
+
+    return Executables(module, programs, Contract.of(module), shown, target, rebuild=rebuild)
 
 
-__all__ = ["Contract", "Executables", "build_deployment", "code_path", "compile_deployment"]
+__all__ = ["Contract", "Executables", "build_deployment", "code_path", "compile_deployment", "host_configs"]

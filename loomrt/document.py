@@ -41,11 +41,12 @@ _VARIANTS = ("text", "sequence", "embedding", "decision", "image")
 _TOP: dict[str, tuple[str, ...]] = {
     "model": _ALL, "kind": _ALL, "control": _ALL, "prepare": _ALL, "sources": _ALL, "tokenizer": _ALL,
     "checkpoint": _ALL, "assets": _ALL, "base_directory": _ALL, "admission": _ALL, "device": _ALL,
-    "config": _ALL, "rows": (*_ROWS, "recognition"), "context_length": _ROWS, "limits": ("text",), "pool_capacity": (*_ROWS, "decision"),
+    "config": _ALL, "rows": (*_ROWS, "recognition", "image"), "context_length": _ROWS, "limits": ("text",), "pool_capacity": (*_ROWS, "decision"),
     "pending_capacity": _ALL, "variant_capacity": _VARIANTS, "checkpoint_capacity": _ROWS,
     "checkpoint_backing": _ROWS,
     "session_cache_capacity": ("text",), "prefix_cache_capacity": ("text",), "components": ("text", "speech"),
     "loras": ("image",), "voices": ("speech",), "width": ("image",), "height": ("image",),
+    "specialization_capacity": ("image",),
 }
 _LIMITS = ("max_output_tokens",)
 #: The extra components each kind may declare (beside its primary one): an image-input text
@@ -74,6 +75,8 @@ DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_PENDING_CAPACITY = 64
 DEFAULT_CHECKPOINT_CAPACITY = 0
 DEFAULT_IMAGE_SIDE = 512
+DEFAULT_IMAGE_ROWS = 4           # images generated in one call
+DEFAULT_SPECIALIZATION_CAPACITY = 4
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class ModelDocument:
     prefix_cache_capacity: int = 0
     components: Mapping[str, ExtraComponent] = field(default_factory=lambda: MappingProxyType({}))
     loras: Mapping[str, FileRef] = field(default_factory=lambda: MappingProxyType({}))
+    specialization_capacity: int | None = None   # image: sizes kept compiled at once, the default's included
     voices: Mapping[str, FileRef] = field(default_factory=lambda: MappingProxyType({}))
     width: int | None = None
     height: int | None = None
@@ -328,6 +332,8 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
         _rows_fields(doc, kind, out)
     elif kind == "recognition":    # windows decoded at once, each with its encoding in per-row state
         out["rows"] = _integer("rows", doc["rows"], 1, MAX_ROWS) if "rows" in doc else DEFAULT_RECOGNITION_ROWS
+    elif kind == "image":          # images of one size generated in one call
+        out["rows"] = _integer("rows", doc["rows"], 1, MAX_ROWS) if "rows" in doc else DEFAULT_IMAGE_ROWS
     elif "pool_capacity" in doc:   # a decision deployment's KV pool (its passes have no rows)
         out["pool_capacity"] = _integer("pool_capacity", doc["pool_capacity"], 1, MAX_POOL_CAPACITY)
     if kind == "text":
@@ -337,6 +343,9 @@ def parse_document(text_or_bytes: str | bytes, *, package: PackageFiles | None =
         out["components"] = MappingProxyType(_components(doc["components"], kind, r))
     if kind == "image":
         out["width"], out["height"] = _image_side(doc, "width"), _image_side(doc, "height")
+        out["specialization_capacity"] = (
+            _integer("specialization_capacity", doc["specialization_capacity"], 1, MAX_VARIANT_CAPACITY)
+            if "specialization_capacity" in doc else DEFAULT_SPECIALIZATION_CAPACITY)
         if "loras" in doc:
             out["loras"] = _by_id("loras", doc["loras"], r)
     if kind == "speech" and "voices" in doc:

@@ -164,6 +164,19 @@ def first_out_of_range(text: str, int_limit: int) -> tuple[str, str] | None:
         return None
 
 
+def expect_seed(body: Mapping[str, Any], key: str = "seed") -> int:
+    """An optional seed: an unsigned 64-bit integer or its decimal string (the spec's form for
+    speech and image seeds, which JSON numbers cannot always carry exactly); 0 when absent."""
+    value = body.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < U64_LIMIT:
+        raise fail(key, f"expected an unsigned 64-bit integer or its decimal string, got {shown(value)}")
+    return value
+
+
 def fields_of(obj: dict[str, Any], required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
     """`obj` when it has every required field and no unknown one."""
     reject_unknown(obj, required + optional)
@@ -173,5 +186,5 @@ def fields_of(obj: dict[str, Any], required: tuple[str, ...], optional: tuple[st
     return obj
 
 
-__all__ = ["INT_LIMIT", "U64_LIMIT", "decode_object", "expect_integer", "expect_name", "expect_object", "expect_string",
+__all__ = ["INT_LIMIT", "U64_LIMIT", "decode_object", "expect_integer", "expect_name", "expect_seed", "expect_object", "expect_string",
            "fail", "fields_of", "first_duplicate", "first_out_of_range", "reject_unknown", "shown"]

@@ -20,6 +20,7 @@ from loomrt.media.audio import decode_recording
 from loomrt.registry import Registry, Utility
 from loomrt.services.decision import Decision, parse_questions
 from loomrt.services.embedding import EmbeddingJob
+from loomrt.services.image import ImageJob
 from loomrt.services.recognition import Transcription
 from loomrt.services.outbox import Outbox
 from loomrt.services.sequence import SequenceAppend
@@ -51,6 +52,16 @@ def speak(registry: Registry, model: Any, options: dict[str, Any], what: str = "
     reg = registry.serving(model, "speech", what)
     prepared = reg.policy.prepare(options)
     job = Utterance(prepared, outbox=Outbox(BLOCK_CREDIT, loop=loop))
+    job.route = what
+    registry.submit(reg.name, job)
+    return job
+
+
+def illustrate(registry: Registry, model: Any, options: dict[str, Any], what: str = "images") -> ImageJob:
+    """Generate one image: the host selects the adapters, the source checks the size and prompt
+    (`ImagePolicy.prepare`); the job's future resolves with the RGB8 picture."""
+    reg = registry.serving(model, "image", what)
+    job = ImageJob(reg.policy.prepare(options))
     job.route = what
     registry.submit(reg.name, job)
     return job

@@ -340,7 +340,9 @@ class Registry:
         if checkpoint is None:
             raise PrepareError(f"model '{doc.model}' declares params but its document names no checkpoint",
                                param="checkpoint")
-        with open_checkpoints([code_path(ref) for ref in checkpoint]) as ckpt:
+        adapters = tuple((f"lora.{a}.", code_path(ref)) for a, ref in enumerate(doc.loras.values())
+                         if component == "primary")
+        with open_checkpoints([code_path(ref) for ref in checkpoint], adapters) as ckpt:
             return prepare_params(plan, ckpt, self.cache_dir, prepared)
 
     def _prepare_service(self, reg: Registration) -> None:

@@ -50,6 +50,10 @@ def model_object(reg: Registration) -> dict[str, Any]:
     if doc.kind == "speech" and reg.policy is not None:
         loom["output_format"] = {"format": "pcm", "sample_rate": reg.policy.sample_rate, "channels": 1}
         loom["voices"] = reg.policy.voices
+    if doc.kind == "image" and reg.policy is not None:
+        loom["image"] = {"width": doc.width, "height": doc.height, "sizes": reg.policy.geometry,
+                         "loras": list(doc.loras), "specialization_capacity": doc.specialization_capacity,
+                         "compiled_sizes": reg.service.shapes.sizes() if reg.service is not None else []}
     if reg.variants is not None:
         loom["variants"] = reg.variants.summary()
     return {"id": reg.name, "object": "model", "created": int(reg.created), "owned_by": "local",

@@ -26,7 +26,7 @@ from loomd.app import REGISTRY
 from loomd.bodies import json_body
 from loomrt import inference
 from loomrt.errors import LoomError
-from loomrt.fields import U64_LIMIT, expect_string, fail, fields_of, reject_unknown, shown
+from loomrt.fields import expect_seed, expect_string, fail, fields_of, reject_unknown, shown
 
 FIELDS = ("model", "input", "voice", "response_format", "stream_format", "speed", "seed", "instructions")
 ENCODED_FORMATS = ("mp3", "opus", "aac", "flac", "wav")
@@ -59,17 +59,6 @@ def _speed(body: dict[str, Any]) -> float:
     return float(value)
 
 
-def _seed(body: dict[str, Any]) -> int:
-    value = body.get("seed")
-    if value is None:
-        return 0
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < U64_LIMIT:
-        raise fail("seed", f"expected an unsigned 64-bit integer or its decimal string, got {shown(value)}")
-    return value
-
-
 def speech_options(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(model, the policy's options) of a request body, or the 400 of its first bad field."""
     fields_of(body, ("model", "input", "voice", "response_format"), FIELDS[4:])
@@ -90,7 +79,7 @@ def speech_options(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     instructions = body.get("instructions")
     if instructions is not None:
         expect_string("instructions", instructions)
-    options = {"input": text, "voice": _voice(body["voice"]), "speed": _speed(body), "seed": _seed(body),
+    options = {"input": text, "voice": _voice(body["voice"]), "speed": _speed(body), "seed": expect_seed(body),
                "instructions": instructions}
     return model, options
 

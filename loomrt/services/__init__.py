@@ -6,8 +6,7 @@ spec section (the `loomd.routes` module) that serves it, and the state scopes it
 retains. Registration looks the kind up in `KINDS` and nowhere else. A deployment whose
 program does not declare every stage of its kind is *native-only* (the spec's term): it
 registers and serves stage jobs through the Python API on the plain `StageService`, has no
-HTTP endpoint of its kind, and HTTP inference requests to it are 404. A kind without a
-module here (image and speech, until they land) is native-only too.
+HTTP endpoint of its kind, and HTTP inference requests to it are 404. 
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ class KindSpec:
 
 
 _MODULES = {"text": "text", "embedding": "embedding", "decision": "decision", "sequence": "sequence",
-            "recognition": "recognition", "speech": "speech"}
+            "recognition": "recognition", "speech": "speech", "image": "image"}
 
 
 def kind_spec(kind: str) -> KindSpec | None:

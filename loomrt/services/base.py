@@ -328,13 +328,17 @@ class StageService:
         returns None; anything but a LoomError is a bug below us, logged with its traceback."""
         try:
             with run_errors():
-                return self.executables.programs[plan.stage].run(params, self.state, plan.inputs)
+                return self._program(plan).run(params, self.state, plan.inputs)
         except LoomError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - a bug below us: report it, keep serving
             error = internal_error(log, f"model '{self.model}': stage '{plan.stage}' failed", exc)
         self._fail_all(plan.jobs, error)
         return None
+
+    def _program(self, plan: StepPlan) -> Any:
+        """The program that runs `plan` (an image service picks its size's specialization)."""
+        return self.executables.programs[plan.stage]
 
     def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
         """Advance the jobs with the call's outputs. Here: the job's step is done."""

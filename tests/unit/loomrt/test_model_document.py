@@ -82,8 +82,9 @@ def test_defaults():
 def test_every_kind_minimal(kind):
     doc = parse({**KIND_BASE, "kind": kind})
     assert doc.kind == kind and doc.max_output_tokens is None
-    assert doc.rows == {"sequence": 8, "recognition": 4}.get(kind)   # rows: text, sequence and recognition
+    assert doc.rows == {"sequence": 8, "recognition": 4, "image": 4}.get(kind)   # rows: text, sequence, recognition, image
     assert (doc.width, doc.height) == ((512, 512) if kind == "image" else (None, None))
+    assert doc.specialization_capacity == (4 if kind == "image" else None)
 
 
 # --- types and ranges ----------------------------------------------------------------------
@@ -156,7 +157,7 @@ def test_field_errors(fields, message):
     ("image", {"loras": {"": "x.safetensors"}}, 'loras.: an id must be 1-64 visible ASCII characters, got ""'),
     ("image", {"loras": {"ink": 3}}, "loras.ink: expected string, got 3"),
     ("speech", {"voices": ["alloy"]}, "voices: expected object, got array"),
-    ("embedding", {"rows": 4}, "rows: not used by kind 'embedding' (used by text, sequence, recognition)"),
+    ("embedding", {"rows": 4}, "rows: not used by kind 'embedding' (used by text, sequence, recognition, image)"),
     ("sequence", {"limits": {}}, "limits: not used by kind 'sequence' (used by text)"),
     ("speech", {"variant_capacity": 1}, "variant_capacity: not used by kind 'speech' "
                                         "(used by text, sequence, embedding, decision, image)"),
