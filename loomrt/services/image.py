@@ -45,6 +45,9 @@ GENERATE_STAGE = "generate"
 REQUEST_FN = "image_request"
 GEOMETRY_FN = "image_geometry"
 F32_MAX = float(np.finfo(np.float32).max)
+# The smallest magnitude that rounds to infinity in f32 (F32_MAX plus half its ulp of 2**104): a
+# double below it, such as 3.4028235e38 (how F32_MAX is printed), rounds to a finite F32.
+F32_OVERFLOW = F32_MAX + 2.0 ** 103
 
 
 def _contract_error(message: str) -> LoomError:
@@ -308,8 +311,9 @@ def create_service(reg: Any, component: Any, residency: Any, state: dict, **comm
 
 
 def finite_f32(value: float) -> bool:
-    """Whether a scale is a finite number that f32 can hold (the spec's "finite F32")."""
-    return math.isfinite(value) and abs(value) <= F32_MAX
+    """Whether a scale is a finite number that f32 can hold (the spec's "finite F32"): it
+    rounds (to nearest) to a finite f32."""
+    return math.isfinite(value) and abs(value) < F32_OVERFLOW
 
 
 KIND = KindSpec("image", (GENERATE_STAGE,), create_policy, create_service, route="images", state_scopes=())

@@ -50,6 +50,13 @@ TRANSCRIPTION_PCM = """curl --fail-with-body -H 'Expect:' \\
 INPUT_TOKENS = """curl http://localhost:8080/v1/chat/completions/input_tokens \\
   -H 'Content-Type: application/json' --data-binary @request.json"""
 
+#: "Image generation": the section's two JSON bodies, verbatim (no curl command: they run in
+#: test_images_endpoint.py::test_the_spec_example_bodies, which checks they are in the spec).
+IMAGES_SIZE_BODY = ('{"model":"illustrator","prompt":"a red fox in the snow","size":"1536x1024","seed":"0",'
+                    '"response_format":"b64_json"}')
+IMAGES_LORAS_BODY = ('{"model":"illustrator","prompt":"a red fox in the snow",'
+                     '"loras":[{"id":"watercolor","scale":0.3},{"id":"ink","scale":0.7}]}')
+
 
 @dataclass(frozen=True)
 class Example:

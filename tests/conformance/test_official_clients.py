@@ -11,8 +11,10 @@ vectors decode to exactly the f32 values of the float ones, speech is the bytes 
 request gets, a known recording transcribes to its known text.
 
 Image input: an image part (a PNG data URL) reaches scout's image component and gets an answer,
-counted as the input-token endpoint counts it. Image generation joins this module when a
-deployment serves it. The spec's curl examples run verbatim elsewhere (`spec_examples`).
+counted as the input-token endpoint counts it. Image generation through this client
+(`client.images.generate`) is in test_images_endpoint.py, beside the illustrator's own daemon
+(its sample is large: a fifth model here would slow every test of this module). The spec's
+curl examples run verbatim elsewhere (`spec_examples`).
 
 The daemon runs with OPENBLAS_NUM_THREADS=1, as the embeddings module's (see its BLAS note).
 """
