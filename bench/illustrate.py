@@ -321,16 +321,17 @@ def main() -> None:
           "Loom over HTTP (text encoder, sampler, PNG, base64) vs torch train/model.py "
           "(text encoder included, no PNG)")
     print(f"machine: {describe()}")
-    print(f"{'workload':<22} {'s/image':>17} {'images/s':>17} {'ratio':>7}")
-    print(f"{'':<22} {'Loom':>8} {'torch':>8} {'Loom':>8} {'torch':>8}")
+    print(f"{'workload':<24} {'s/image':>17} {'images/s':>17} {'ratio':>7}")
+    print(f"{'':<24} {'Loom':>8} {'torch':>8} {'Loom':>8} {'torch':>8}")
     for size, batch, spi in rows:
         name = f"{size}x{size} batch {batch}" + (" (4 reqs)" if batch > 1 else "")
-        print(f"{name:<22} {spi['loom']:>8.3f} {spi['torch']:>8.3f} {1 / spi['loom']:>8.2f} {1 / spi['torch']:>8.2f} "
+        print(f"{name:<24} {spi['loom']:>8.3f} {spi['torch']:>8.3f} {1 / spi['loom']:>8.2f} {1 / spi['torch']:>8.2f} "
               f"{spi['torch'] / spi['loom']:>6.2f}x")
     print("(ratio: Loom speed / torch speed, above 1 means Loom is faster)")
     for size, seconds in first.items():
         print(f"first request at a new size {size}x{size}: {seconds:.1f} s"
-              + (" (the document's default size: compiled at registration)" if size == 64 else " (compiles a specialization)"))
+              + (" (the document's default size: compiled at registration)" if size == 64
+                 else " (compiles a specialization)"))
     print(f"loomd start to ready: {loom.ready_s:.0f} s")
     print(f"max |Loom - torch| over all pictures, same prompt and seed: {worst} of 255 levels")
     print(json.dumps({f"{size}x{size} batch {batch}": {"loom_s_per_image": round(spi["loom"], 3),
