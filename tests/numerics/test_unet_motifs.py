@@ -1,4 +1,4 @@
-"""std:unet.loom against torch (convolution, GroupNorm, interpolate, the timestep embedding)
+"""std:unet.loom against torch (convolution, GroupNorm, interpolate and reshape, the timestep embedding)
 and numpy (the rest) at odd shapes, plus batch invariance and the noise formula bit for bit."""
 
 from __future__ import annotations
@@ -106,6 +106,17 @@ def test_upsample_nearest2x_is_interpolate(kernel, rng, h, w):
     kernel("upsample_nearest2x")(rows(images), h, w, y)
     want = F.interpolate(torch.from_numpy(images), scale_factor=2, mode="nearest").numpy()
     assert np.array_equal(unrows(y, b, 2 * h, 2 * w), want)
+
+
+@pytest.mark.parametrize("h, w", [(16, 16), (8, 12), (32, 24), (12, 28), (5, 7)])
+def test_map_rows_is_reshape_then_interpolate(kernel, rng, h, w):
+    b, c, side = 3, 4, 16
+    vectors = rng.standard_normal((b, c * side * side)).astype(np.float32)
+    y = np.full((b * h * w, c), np.nan, np.float32)
+    kernel("map_rows")(vectors, side, h, w, y)
+    maps = torch.from_numpy(vectors).reshape(b, c, side, side)
+    want = F.interpolate(maps, size=(h, w), mode="nearest").numpy()
+    assert np.array_equal(unrows(y, b, h, w), want)
 
 
 def test_concat_channels(kernel, rng):
