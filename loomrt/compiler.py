@@ -161,7 +161,10 @@ def compile_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None, 
         return compile_deployment(doc, package, target=target, sources=sources, upload=upload, cache_dir=cache_dir,
                                   configs={**(configs or {}), **more})
 
-    return Executables(module, programs, Contract.of(module), shown, target, rebuild=rebuild)
+    # Only a kind the host specializes keeps the means to rebuild: the closure holds the
+    # document's package and a candidate's upload, which staging otherwise releases.
+    return Executables(module, programs, Contract.of(module), shown, target,
+                       rebuild=rebuild if host_configs(doc) else None)
 
 
 __all__ = ["Contract", "Executables", "build_deployment", "code_path", "compile_deployment", "host_configs"]

@@ -20,8 +20,8 @@ from loomd_process import REPO, Daemon
 
 README = REPO / "README.md"
 README_URL = "http://127.0.0.1:8080"
-BUNDLED = ["scout", "vectors", "judge", "encoder", "recognizer", "speaker"]
-READY_DEADLINE_S = 600.0   # five samples compile and prepare; a hang guard
+BUNDLED = ["scout", "vectors", "judge", "encoder", "recognizer", "speaker", "illustrator"]
+READY_DEADLINE_S = 600.0   # seven samples compile and prepare; a hang guard
 
 
 def readme_chat_example() -> str:
@@ -60,7 +60,8 @@ def test_every_bundled_sample_is_listed(bundled):
 
 ENDPOINTS = {"scout": "text on {url}/v1/chat/completions", "vectors": "embedding on {url}/v1/embeddings",
              "judge": "decision on {url}/v1/systemone", "encoder": "sequence on {url}/v1/sequences",
-             "recognizer": "recognition on {url}/v1/audio/transcriptions", "speaker": "speech on {url}/v1/audio/speech"}
+             "recognizer": "recognition on {url}/v1/audio/transcriptions", "speaker": "speech on {url}/v1/audio/speech",
+             "illustrator": "image on {url}/v1/images/generations"}
 
 
 def test_the_terminal_says_where_each_sample_is_served(bundled):
