@@ -28,6 +28,7 @@ import numpy as np
 from loomrt.errors import CompileError, InvalidRequest, LoomError
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan
+from loomrt.services.packing import pack_sequences
 
 ENCODE_STAGE = "encode"
 REQUEST_FN = "embedding_request"
@@ -177,13 +178,7 @@ class EmbeddingService(StageService):
             open_jobs = still
         if not picked:
             return []
-        lengths = np.array([len(job.inputs[i]) for job, i in picked], np.int32)
-        starts = np.zeros(len(picked), np.int32)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        tokens = np.fromiter((t for job, i in picked for t in job.inputs[i]), np.int32, int(lengths.sum()))
-        inputs = {"tokens": tokens, "positions": np.arange(len(tokens), dtype=np.int32) - np.repeat(starts, lengths),
-                  "seq": np.repeat(np.arange(len(picked), dtype=np.int32), lengths), "starts": starts,
-                  "lengths": lengths}
+        inputs = pack_sequences([job.inputs[i] for job, i in picked])
         return [StepPlan(ENCODE_STAGE, tuple(dict.fromkeys(job for job, _ in picked)), inputs, tuple(picked))]
 
     def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:

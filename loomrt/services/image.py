@@ -40,6 +40,7 @@ import numpy as np
 from loomrt.errors import CompileError, InvalidRequest, LoomError, internal_error
 from loomrt.services import KindSpec
 from loomrt.services.base import Job, StageService, StepPlan, log
+from loomrt.services.packing import pack_sequences
 
 GENERATE_STAGE = "generate"
 REQUEST_FN = "image_request"
@@ -260,17 +261,11 @@ class ImageService(StageService):
                 self._finish(job, found.exception())
             return []
         picked = [j for j in jobs if j.prepared.size == size]
-        lengths = np.array([len(j.prepared.tokens) for j in picked], np.int32)
-        starts = np.zeros(len(picked), np.int32)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        tokens = np.fromiter((t for j in picked for t in j.prepared.tokens), np.int32, int(lengths.sum()))
         scales = np.zeros((len(picked), max(1, self.adapters)), np.float32)
         for i, j in enumerate(picked):
             scales[i, :self.adapters] = j.prepared.scales
-        inputs = {"tokens": tokens, "positions": np.arange(len(tokens), dtype=np.int32) - np.repeat(starts, lengths),
-                  "seq": np.repeat(np.arange(len(picked), dtype=np.int32), lengths), "starts": starts,
-                  "lengths": lengths, "seed": np.array([j.prepared.seed for j in picked], np.uint64),
-                  "scales": scales}
+        inputs = {**pack_sequences([j.prepared.tokens for j in picked]),
+                  "seed": np.array([j.prepared.seed for j in picked], np.uint64), "scales": scales}
         return [StepPlan(GENERATE_STAGE, tuple(picked), inputs, (found.result(),))]
 
     def _program(self, plan: StepPlan) -> Any:

@@ -50,4 +50,17 @@ def pack_rows(rows: Sequence[TokenRow], pages_per_row: int | None = None) -> dic
             "last": (np.cumsum(lengths) - 1).astype(np.int32), "page_table": page_table}
 
 
-__all__ = ["NO_PAGE", "TokenRow", "pack_rows"]
+__all__ = ["pack_sequences", "NO_PAGE", "TokenRow", "pack_rows"]
+
+
+def pack_sequences(sequences: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+    """Whole inputs packed back to back, as the embedding and image contracts read them:
+    `tokens`, `positions` (within each input), `seq` (the input), `starts` and `lengths`."""
+    lengths = np.array([len(s) for s in sequences], np.int32)
+    starts = np.zeros(len(sequences), np.int32)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    tokens = np.fromiter((t for s in sequences for t in s), np.int32, int(lengths.sum()))
+    return {"tokens": tokens, "positions": np.arange(len(tokens), dtype=np.int32) - np.repeat(starts, lengths),
+            "seq": np.repeat(np.arange(len(sequences), dtype=np.int32), lengths), "starts": starts,
+            "lengths": lengths}
+
