@@ -95,7 +95,7 @@ class Bench:
                 a = self.rng.standard_normal((1, m, k)).astype(np.float32)
                 b = self.rng.standard_normal((1, n, k)).astype(np.float32)
                 weights = b if motif == "matmul" else b.astype(np.float16).view(np.uint16)
-                c, pack = np.zeros((1, m, n), np.float32), np.zeros(workspace_elems(1, m, k), np.float32)
+                c, pack = np.zeros((1, m, n), np.float32), np.zeros(workspace_elems(motif, 1, m, k, n), np.float32)
                 t, t50 = timings(lambda: gemm(a, weights, c, pack), self.reps)
                 tb, _ = timings(lambda: np.matmul(a[0], b[0].T, out=c[0]), self.reps)
                 flops = 2 * m * n * k

@@ -14,22 +14,30 @@ position, so a row's bits depended on its neighbours on AVX2 machines), which is
 motifs never call it. An f16 weight widens to f32 exactly, so `matmul_f16` computes the
 chain `matmul` would on the widened weights, from half the bytes.
 
-How it runs (register blocking the way BLAS micro-kernels do, but never splitting k):
+How it runs (register and cache blocking the way BLAS does, but never splitting a chain):
 
-    pack:   ap[g, p, k, i] = a[g, 16 p + i, k]   (zero past M)       16 rows = one panel
-    tiles:  parallel over (g, block of NR rows of b); in each, every panel p in turn:
-            acc_j <16 x f32> += ap[g, p, k, :] * splat(b[g, n0 + j, k])   for k in 0..K, j < NR
-            c[g, 16 p + i, n0 + j] = acc_j[i]
+    tasks:  parallel over (g, chunk of b's rows, panel of 16 rows of a), chunk outer, so a
+            chunk of b (up to CHUNK_ELEMS f32, within a core's L2) is reused by every panel
+    slices: a task walks k in slices of K_SLICE; it packs its panel's slice
+            pk[k, i] = a[g, 16 p + i, k0 + k] (zero past M; 16 KiB, in L1) and, for each
+            block of NR rows of b in the chunk:
+            acc_j <16 x f32> += pk[k, :] * splat(b[g, n0 + j, k0 + k])  for k in the slice, j < NR
+            the accumulators carried from slice to slice, so k still runs 0..K in order
+            c[g, 16 p + i, n0 + j] = acc_j[i] after the last slice
 
 The tile body is LLVM IR emitted by `_lm_gemm_tile` (a numba intrinsic): NR vector
-accumulators live in registers across the whole k loop (`tile_shape`: 12 on AVX-512, where
+accumulators live in registers across the whole k loop (`tile_shape`: 16 on AVX-512, where
 each is one zmm of 32; 6 on AVX2, where LLVM legalizes each <16 x float> into two of the 16
 ymm; with 6 zmm accumulators an AVX-512 core waited on FMA latency: 12 measured 1.2-2x
-faster on the recognizer's encoder shapes), and a machine without FMA gets the
-correctly rounded library fma, so every target computes the same bits. A block of `b`'s
-rows is read in place when it is whole f32, else copied once per block into an f32 buffer
-(the last partial block, zero-padded; f16 rows, widened) that all its panels read. A
-panel's lanes past M compute on zeros and are not stored.
+faster on the recognizer's encoder shapes, and 16 another 1.1-1.25x over 12 on conv and
+encoder shapes, whose N are multiples of 16; 20-28 were slower), and a machine without FMA gets the
+correctly rounded library fma, so every target computes the same bits. Whole f32 blocks of
+`b` are read in place, the last partial block from a zero-padded copy; f16 weights are
+widened once per call into the workspace (when `a` has several panels) or per block by
+the task that reads them (decode). A panel's lanes past M compute on zeros and are not
+stored. Before this order (tasks over blocks of b, each streaming every packed panel of
+a), a conv's im2col columns (8192 x 864 . 32 x 864) were read from memory once per block:
+51 GFLOP/s there, 140 now (BLAS: 200); 2 threads, Xeon AVX-512.
 
 Each motif is one generated module (like every kernel, `STYLE.md` §14) so numba caches it
 on disk; the dispatcher takes (a, b, c, workspace) with the group dimension in front (1
@@ -61,22 +69,31 @@ def _target_has_avx512() -> bool:
 
 def tile_shape() -> tuple[int, int]:
     """(rows of `a` per panel, rows of `b` per tile) for the machine's vector registers: one
-    accumulator is <16 x f32>, one zmm on AVX-512 (32 registers: 12 accumulators), two ymm
+    accumulator is <16 x f32>, one zmm on AVX-512 (32 registers: 16 accumulators), two ymm
     on AVX2 (16 registers: 6 accumulators, 12 ymm). The tile decides speed only: each output
     is the same one fma chain over k whatever its shape."""
-    return (16, 12) if _target_has_avx512() else (16, 6)
+    return (16, 16) if _target_has_avx512() else (16, 6)
 
 
 PANEL_ROWS, TILE_COLS = tile_shape()   # rows of `a` per packed panel; rows of `b` per tile
 UNROLL = 4  # steps of k per iteration of the tile loop
+CHUNK_ELEMS = 1 << 18  # f32 elements of b per chunk (1 MiB: half a core's L2 on the machines we run on)
+WIDE_LIMIT = 1 << 23  # most f32 elements (32 MiB) of an f16 weight widened once per call
+TASKS = 32  # tasks a call aims for when b's chunks, not a's panels, must supply them
+K_SLICE = 384  # steps of k per packed slice of a panel (24 KiB, in L1; 384 = a common model width, unsplit)
 
 # The motifs this module serves: name -> (dtype of b, batched). Each is one generated module.
 MOTIFS = {"matmul": ("f32", False), "matmul_f16": ("f16", False), "bmm": ("f32", True)}
 
 
-def workspace_elems(groups: int, m: int, k: int) -> int:
-    """f32 elements of the packed copy of `a` that one call needs (every group's panels)."""
-    return groups * -(-m // PANEL_ROWS) * PANEL_ROWS * k
+def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
+    """f32 elements of the workspace one call of `motif` wants: f16 weights widened once per
+    call ([G, N rounded up to NR, K]) when `a` spans several panels and that copy stays under
+    WIDE_LIMIT elements; none otherwise (each task then widens its own chunk)."""
+    if MOTIFS[motif][0] != "f16" or m <= PANEL_ROWS:
+        return 0
+    elems = groups * -(-n // TILE_COLS) * TILE_COLS * k
+    return elems if elems <= WIDE_LIMIT else 0
 
 
 _TILE = '''
@@ -161,59 +178,103 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t):
 
 _DRIVER = '''
 @njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
-def FUNCTION(a, b, c, ap):
-    # c[g] = a[g] . b[g]^T  (a: [G, M, K], b: [G, N, K] (f16: its uint16 bits), c: [G, M, N]);
-    # ap: the packed panels of a, panel p of group g at (g * panels + p) * K * MR
+def FUNCTION(a, b, c, ws):
+    # c[g] = a[g] . b[g]^T  (a: [G, M, K], b: [G, N, K] (f16: its uint16 bits), c: [G, M, N]).
+    # Tasks (g, chunk of b's rows, panel of a), chunk outer: a chunk of b stays in the core's
+    # L2 while the panels stream past. A task walks k in slices of KC: it packs its panel's
+    # slice (L1-sized) and runs every block of the chunk over it, each block's accumulators
+    # kept in `acc` between slices, so every output is still one fma chain in increasing k.
     G, M, K = a.shape
     N = b.shape[1]
     panels = (M + MR - 1) // MR
-    for gp in prange(G * panels):
-        g = gp // panels
-        p = gp - g * panels
-        base = gp * K * MR
-        for i in range(MR):
-            m = p * MR + i
-            if m < M:
-                for k in range(K):
-                    ap[base + k * MR + i] = a[g, m, k]
-            else:
-                for k in range(K):
-                    ap[base + k * MR + i] = np.float32(0.0)
     blocks = (N + NR - 1) // NR
+    kc = min(K, KC)
+    slices = (K + kc - 1) // max(kc, 1)
+    # blocks per chunk: as many as fit CHUNK_ELEMS, but few enough that there are about
+    # TASKS tasks when a has few panels (decode), so both cores get balanced work
+    per_chunk = max(1, min(CHUNK_ELEMS // (NR * max(K, 1)), (blocks * panels + TASKS - 1) // TASKS))
+    chunks = (blocks + per_chunk - 1) // per_chunk
     b_flat = b.reshape(-1)
-    for gb in prange(G * blocks):
-        g = gb // blocks
-        n0 = (gb - g * blocks) * NR
-        cols = min(NR, N - n0)
-        ROWS_OF_B
-        t = carray(_lm_alloca(NR * MR, np.float32), (NR * MR,))
-        for p in range(panels):
-            for i in range(NR * MR):
-                t[i] = np.float32(0.0)
-            _lm_gemm_tile(ap, (g * panels + p) * K * MR, src, off, K, K, t)
-            for i in range(min(MR, M - p * MR)):
-                for j in range(cols):
-                    c[g, p * MR + i, n0 + j] = t[j * MR + i]
+    PREPARE_B
+    for task in prange(G * chunks * panels):
+        g = task // (chunks * panels)
+        rest = task - g * chunks * panels
+        ch = rest // panels
+        p = rest - ch * panels
+        first = ch * per_chunk
+        count = min(blocks, first + per_chunk) - first
+        rows = min(MR, M - p * MR)
+        pk = np.empty(max(kc, 1) * MR, np.float32)
+        acc = np.zeros(count * NR * MR, np.float32)
+        CHUNK_OF_B
+        for s in range(slices):
+            k0 = s * kc
+            kn = min(kc, K - k0)
+            for i in range(rows):
+                m = p * MR + i
+                for k in range(kn):
+                    pk[k * MR + i] = a[g, m, k0 + k]
+            for i in range(rows, MR):
+                for k in range(kn):
+                    pk[k * MR + i] = np.float32(0.0)
+            for q in range(count):
+                n0 = (first + q) * NR
+                BLOCK_OF_B
+                _lm_gemm_tile(pk, 0, src, off, ld, kn, acc[q * NR * MR:])
+        for q in range(count):
+            n0 = (first + q) * NR
+            for i in range(rows):
+                for j in range(min(NR, N - n0)):
+                    c[g, p * MR + i, n0 + j] = acc[(q * NR + j) * MR + i]
 '''
 
-# How a block of NR rows of b reaches the tile: f32 rows in place (a copy, zero-padded, only
-# for the last partial block); f16 rows widened (exactly) into an f32 copy once per block,
-# which every panel of the block then reads.
-_ROWS_OF_B = {
-    "f32": '''if cols == NR:
-            src = b_flat
-            off = (g * N + n0) * K
-        else:
-            src = np.zeros(NR * K, np.float32)
-            off = 0
-            for j in range(cols):
+# How the tasks reach b's rows as f32 (PREPARE_B once per call, CHUNK_OF_B once per task,
+# BLOCK_OF_B per block). f32: whole blocks in place; the last partial block (N not a multiple
+# of NR) from a zero-padded copy. f16, several panels and a workspace large enough: widened
+# (exactly) once per call into `ws`, [G, blocks * NR, K] with zero rows past N, which every
+# task reads; otherwise (one panel: decode) k is not sliced and each block's rows are widened
+# into a small local buffer just before its tile reads them.
+_B_SOURCES = {
+    "f32": (
+        "pass",
+        '''pad = np.zeros(NR * K if (first + count) * NR > N else 0, np.float32)
+        if (first + count) * NR > N:
+            n0 = (first + count - 1) * NR
+            for j in range(N - n0):
                 for k in range(K):
-                    src[j * K + k] = b[g, n0 + j, k]''',
-    "f16": '''src = np.zeros(NR * K, np.float32)
-        off = 0
-        for j in range(cols):
+                    pad[j * K + k] = b[g, n0 + j, k]''',
+        '''ld = K
+                if n0 + NR <= N:
+                    src = b_flat
+                    off = (g * N + n0) * K + k0
+                else:
+                    src = pad
+                    off = k0'''),
+    "f16": (
+        '''padded = blocks * NR
+    wide = panels > 1 and ws.size >= G * padded * K
+    if not wide:   # one slice: each block is widened once, whole rows (contiguous, vectorized)
+        kc = K
+        slices = 1
+    else:
+        for gn in prange(G * padded):
+            g = gn // padded
+            n = gn - g * padded
             for k in range(K):
-                src[j * K + k] = _lm_f16_from_bits(b[g, n0 + j, k])''',
+                ws[gn * K + k] = _lm_f16_from_bits(b[g, n, k]) if n < N else np.float32(0.0)''',
+        "pass",
+        '''if wide:
+                    src = ws
+                    off = (g * padded + n0) * K + k0
+                    ld = K
+                else:
+                    local = np.zeros(NR * K, np.float32)
+                    for j in range(min(NR, N - n0)):
+                        for k in range(K):
+                            local[j * K + k] = _lm_f16_from_bits(b[g, n0 + j, k])
+                    src = local
+                    off = 0
+                    ld = K'''),
 }
 
 
@@ -231,8 +292,10 @@ def render_module(motif: str = "matmul") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: c[g, m, n] = fma chain over k of a[g, m, k] * b[g, n, k] "
               f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tile {PANEL_ROWS} x {TILE_COLS}\n")
-    constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\n"
-    driver = _DRIVER.replace("FUNCTION", function_name(motif)).replace("ROWS_OF_B", _ROWS_OF_B[b_dtype])
+    constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nKC = {K_SLICE}\nTASKS = {TASKS}\n"
+    prepare, chunk, block = _B_SOURCES[b_dtype]
+    driver = (_DRIVER.replace("FUNCTION", function_name(motif)).replace("PREPARE_B", prepare)
+              .replace("CHUNK_OF_B", chunk).replace("BLOCK_OF_B", block))
     driver = driver.replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
     helpers = "".join(h + "\n\n" for h in helpers_for(driver))
     return header + IMPORTS + "\n" + constants + "\n" + helpers + _TILE + "\n" + driver

@@ -131,10 +131,11 @@ class ShapePlan:
             placed.append((offset, size, first, last))
             offsets[s.name] = offset
         scratch_end = max((o + n for o, n, _, _ in placed), default=0)
-        # A matmul motif's packed copy of `a`: live only inside one motif dispatch, so every
-        # motif dispatch of the plan shares one region past the scratch.
-        workspace = 4 * max((matmul.workspace_elems(*_groups_rows_depth([dim_value(x, self.env)
-                                                                         for x in d.operands[0].dims]))
+        # A matmul motif's workspace (f16 weights widened once per call): live only inside
+        # one motif dispatch, so every motif dispatch of the plan shares one region past the scratch.
+        workspace = 4 * max((matmul.workspace_elems(d.callee, *_groups_rows_depth([dim_value(x, self.env)
+                                                                                   for x in d.operands[0].dims]),
+                                                    dim_value(d.operands[1].dims[-2], self.env))
                              for d in plan.dispatches if d.kind == "motif"), default=0)
         self.arena_bytes = scratch_end
         arena = bound.arena(scratch_end + workspace + ARENA_ALIGN)

@@ -44,7 +44,8 @@ def rand(rng, *shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (17, 33, 6), (16, 64, 13), (33, 5, 7), (2, 130, 12)])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (17, 33, 6), (16, 64, 13), (33, 5, 7), (2, 130, 12),
+                                     (18, 400, 14)])   # the last: k in two packed slices
 def test_each_element_is_the_exact_fma_chain(product, rng, m, k, n):
     a, b = rand(rng, m, k), rand(rng, n, k)
     np.testing.assert_array_equal(product(a, b), fma_chain(a, b))
@@ -62,6 +63,31 @@ def test_f16_weights_give_the_chain_of_their_exact_f32_values(programs, rng, m, 
     a, b = rand(rng, m, k), rand(rng, n, k).astype(np.float16)
     got = programs["product_f16"].run({}, {}, {"a": a, "b": b})["c"]
     np.testing.assert_array_equal(got, fma_chain(a, b.astype(np.float32)))
+
+
+def test_many_columns_split_into_chunks_of_b_keep_each_chain(product, rng):
+    # 1000 x 400 f32 of b is more than one L2 chunk, k is more than one packed slice, and
+    # 1000 is not a multiple of the tile: each column still equals its call alone and the chain
+    a, b = rand(rng, 18, 400), rand(rng, 1000, 400)
+    whole = product(a, b)
+    for n in (0, 437, 874, 999):
+        alone = product(a, b[n:n + 1].copy())[:, 0]
+        np.testing.assert_array_equal(whole[:, n], alone)
+    np.testing.assert_array_equal(whole[:, 999:], fma_chain(a, b[999:]))
+
+
+def test_f16_weights_widened_per_task_or_once_per_call_give_the_same_bits(rng):
+    # With a workspace the f16 weights are widened once per call; without (a weight too large
+    # for it), every task widens its blocks: the two paths compute the same chains.
+    from loomc.lower.matmul import load_function, workspace_elems
+
+    gemm = load_function("matmul_f16")
+    a, b = rand(rng, 1, 40, 70), rand(rng, 1, 29, 70).astype(np.float16).view(np.uint16)
+    wide, local = np.zeros((1, 40, 29), np.float32), np.zeros((1, 40, 29), np.float32)
+    gemm(a, b, wide, np.zeros(workspace_elems("matmul_f16", 1, 40, 70, 29), np.float32))
+    gemm(a, b, local, np.zeros(0, np.float32))
+    np.testing.assert_array_equal(wide, local)
+    np.testing.assert_array_equal(wide[0], fma_chain(a[0], b[0].view(np.float16).astype(np.float32)))
 
 
 def test_batched_products_are_each_the_chain_and_independent(programs, rng):
