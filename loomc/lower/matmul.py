@@ -80,6 +80,7 @@ UNROLL = 4  # steps of k per iteration of the tile loop
 CHUNK_ELEMS = 1 << 18  # f32 elements of b per chunk (1 MiB: half a core's L2 on the machines we run on)
 WIDE_LIMIT = 1 << 23  # most f32 elements (32 MiB) of an f16 weight widened once per call
 TASKS = 32  # tasks a call aims for when b's chunks, not a's panels, must supply them
+ACC_BLOCKS = 32  # most blocks of b per chunk: their accumulators (32 KiB) live on the task's stack
 K_SLICE = 384  # steps of k per packed slice of a panel (24 KiB, in L1; 384 = a common model width, unsplit)
 
 # The motifs this module serves: name -> (dtype of b, batched). Each is one generated module.
@@ -87,13 +88,23 @@ MOTIFS = {"matmul": ("f32", False), "matmul_f16": ("f16", False), "bmm": ("f32",
 
 
 def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
-    """f32 elements of the workspace one call of `motif` wants: f16 weights widened once per
-    call ([G, N rounded up to NR, K]) when `a` spans several panels and that copy stays under
-    WIDE_LIMIT elements; none otherwise (each task then widens its own chunk)."""
-    if MOTIFS[motif][0] != "f16" or m <= PANEL_ROWS:
-        return 0
-    elems = groups * -(-n // TILE_COLS) * TILE_COLS * k
-    return elems if elems <= WIDE_LIMIT else 0
+    """f32 elements of the workspace one call of `motif` wants (the generated driver makes
+    the same decisions from the same shapes): a packed copy of a, [G, panels, K, MR], when
+    a is read more than once (b in several chunks) or, for f16 b not widened per call, k is
+    not sliced; then f32 b: the zero-padded copy of each group's last partial block of rows;
+    f16 b: the weights widened once per call ([G, N rounded up to NR, K]) when a spans
+    several panels and that copy stays under WIDE_LIMIT elements (else each task widens its
+    own blocks)."""
+    panels, blocks = -(-m // PANEL_ROWS), -(-n // TILE_COLS)
+    per_chunk = max(1, min(CHUNK_ELEMS // (TILE_COLS * max(k, 1)), -(-blocks * panels // TASKS), ACC_BLOCKS))
+    chunks = -(-blocks // per_chunk)
+    if MOTIFS[motif][0] == "f32":
+        prepack, extra = chunks > 1, groups * TILE_COLS * k if n % TILE_COLS else 0
+    else:
+        wide_elems = groups * blocks * TILE_COLS * k
+        wide = panels > 1 and wide_elems <= WIDE_LIMIT
+        prepack, extra = chunks > 1 or (not wide and k > K_SLICE), wide_elems if wide else 0
+    return (groups * panels * PANEL_ROWS * k if prepack else 0) + extra
 
 
 _TILE = '''
@@ -181,9 +192,11 @@ _DRIVER = '''
 def FUNCTION(a, b, c, ws):
     # c[g] = a[g] . b[g]^T  (a: [G, M, K], b: [G, N, K] (f16: its uint16 bits), c: [G, M, N]).
     # Tasks (g, chunk of b's rows, panel of a), chunk outer: a chunk of b stays in the core's
-    # L2 while the panels stream past. A task walks k in slices of KC: it packs its panel's
-    # slice (L1-sized) and runs every block of the chunk over it, each block's accumulators
-    # kept in `acc` between slices, so every output is still one fma chain in increasing k.
+    # L2 while the panels stream past. A task walks k in slices of KC, each block of the
+    # chunk running over the panel's slice with its accumulators kept in `acc` between
+    # slices, so every output is still one fma chain in increasing k. The panel's slice is
+    # packed by the task itself (on its stack, L1-sized) when a is read once (one chunk);
+    # else all of a is packed once into ws, [G, panels, K, MR], before the tasks.
     G, M, K = a.shape
     N = b.shape[1]
     panels = (M + MR - 1) // MR
@@ -192,9 +205,22 @@ def FUNCTION(a, b, c, ws):
     slices = (K + kc - 1) // max(kc, 1)
     # blocks per chunk: as many as fit CHUNK_ELEMS, but few enough that there are about
     # TASKS tasks when a has few panels (decode), so both cores get balanced work
-    per_chunk = max(1, min(CHUNK_ELEMS // (NR * max(K, 1)), (blocks * panels + TASKS - 1) // TASKS))
+    per_chunk = max(1, min(CHUNK_ELEMS // (NR * max(K, 1)), (blocks * panels + TASKS - 1) // TASKS, ACC_BLOCKS))
     chunks = (blocks + per_chunk - 1) // per_chunk
     b_flat = b.reshape(-1)
+    SETUP_B
+    prepack = chunks > 1 or kc > KC
+    packed = G * panels * K * MR if prepack else 0
+    if ws.size < packed + extra:
+        raise ValueError("matmul: workspace smaller than workspace_elems")
+    if prepack:
+        for gp in prange(G * panels):
+            g = gp // panels
+            p = gp - g * panels
+            for i in range(MR):
+                m = p * MR + i
+                for k in range(K):
+                    ws[(gp * K + k) * MR + i] = a[g, m, k] if m < M else np.float32(0.0)
     PREPARE_B
     for task in prange(G * chunks * panels):
         g = task // (chunks * panels)
@@ -204,23 +230,30 @@ def FUNCTION(a, b, c, ws):
         first = ch * per_chunk
         count = min(blocks, first + per_chunk) - first
         rows = min(MR, M - p * MR)
-        pk = np.empty(max(kc, 1) * MR, np.float32)
-        acc = np.zeros(count * NR * MR, np.float32)
-        CHUNK_OF_B
+        pk = carray(_lm_alloca(PK_ELEMS, np.float32), (PK_ELEMS,))     # on the stack: no
+        acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))  # allocation per task
+        for i in range(count * NR * MR):
+            acc[i] = np.float32(0.0)
         for s in range(slices):
             k0 = s * kc
             kn = min(kc, K - k0)
-            for i in range(rows):
-                m = p * MR + i
-                for k in range(kn):
-                    pk[k * MR + i] = a[g, m, k0 + k]
-            for i in range(rows, MR):
-                for k in range(kn):
-                    pk[k * MR + i] = np.float32(0.0)
+            if prepack:
+                ap = ws
+                a_off = ((g * panels + p) * K + k0) * MR
+            else:
+                for i in range(rows):
+                    m = p * MR + i
+                    for k in range(kn):
+                        pk[k * MR + i] = a[g, m, k0 + k]
+                for i in range(rows, MR):
+                    for k in range(kn):
+                        pk[k * MR + i] = np.float32(0.0)
+                ap = pk
+                a_off = 0
             for q in range(count):
                 n0 = (first + q) * NR
                 BLOCK_OF_B
-                _lm_gemm_tile(pk, 0, src, off, ld, kn, acc[q * NR * MR:])
+                _lm_gemm_tile(ap, a_off, src, off, ld, kn, acc[q * NR * MR:])
         for q in range(count):
             n0 = (first + q) * NR
             for i in range(rows):
@@ -228,44 +261,44 @@ def FUNCTION(a, b, c, ws):
                     c[g, p * MR + i, n0 + j] = acc[(q * NR + j) * MR + i]
 '''
 
-# How the tasks reach b's rows as f32 (PREPARE_B once per call, CHUNK_OF_B once per task,
-# BLOCK_OF_B per block). f32: whole blocks in place; the last partial block (N not a multiple
-# of NR) from a zero-padded copy. f16, several panels and a workspace large enough: widened
-# (exactly) once per call into `ws`, [G, blocks * NR, K] with zero rows past N, which every
-# task reads; otherwise (one panel: decode) k is not sliced and each block's rows are widened
-# into a small local buffer just before its tile reads them.
+# How the tasks reach b's rows as f32 (SETUP_B: what ws holds past the packed a, `extra`;
+# PREPARE_B once per call, BLOCK_OF_B per block of a task). f32: whole blocks in place; the
+# last partial block (N not a multiple of NR) from a zero-padded copy in `ws` made once per call. f16, several panels and a workspace large
+# enough: widened (exactly) once per call into `ws`, [G, blocks * NR, K] with zero rows past
+# N, which every task reads; otherwise (one panel: decode) k is not sliced and each block's
+# rows are widened into a small local buffer just before its tile reads them.
 _B_SOURCES = {
     "f32": (
-        "pass",
-        '''pad = np.zeros(NR * K if (first + count) * NR > N else 0, np.float32)
-        if (first + count) * NR > N:
-            n0 = (first + count - 1) * NR
-            for j in range(N - n0):
+        "extra = G * NR * K if N % NR else 0",
+        '''last = (blocks - 1) * NR
+    if N - last < NR:
+        for g in range(G):
+            for j in range(NR):
                 for k in range(K):
-                    pad[j * K + k] = b[g, n0 + j, k]''',
+                    ws[packed + (g * NR + j) * K + k] = b[g, last + j, k] if last + j < N else np.float32(0.0)''',
         '''ld = K
                 if n0 + NR <= N:
                     src = b_flat
                     off = (g * N + n0) * K + k0
                 else:
-                    src = pad
-                    off = k0'''),
+                    src = ws
+                    off = packed + g * NR * K + k0'''),
     "f16": (
         '''padded = blocks * NR
-    wide = panels > 1 and ws.size >= G * padded * K
+    wide = panels > 1 and ws.size >= (G * panels * K * MR if chunks > 1 else 0) + G * padded * K
+    extra = G * padded * K if wide else 0
     if not wide:   # one slice: each block is widened once, whole rows (contiguous, vectorized)
         kc = K
-        slices = 1
-    else:
+        slices = 1''',
+        '''if wide:
         for gn in prange(G * padded):
             g = gn // padded
             n = gn - g * padded
             for k in range(K):
-                ws[gn * K + k] = _lm_f16_from_bits(b[g, n, k]) if n < N else np.float32(0.0)''',
-        "pass",
+                ws[packed + gn * K + k] = _lm_f16_from_bits(b[g, n, k]) if n < N else np.float32(0.0)''',
         '''if wide:
                     src = ws
-                    off = (g * padded + n0) * K + k0
+                    off = packed + (g * padded + n0) * K + k0
                     ld = K
                 else:
                     local = np.zeros(NR * K, np.float32)
@@ -292,10 +325,11 @@ def render_module(motif: str = "matmul") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: c[g, m, n] = fma chain over k of a[g, m, k] * b[g, n, k] "
               f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tile {PANEL_ROWS} x {TILE_COLS}\n")
-    constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nKC = {K_SLICE}\nTASKS = {TASKS}\n"
-    prepare, chunk, block = _B_SOURCES[b_dtype]
-    driver = (_DRIVER.replace("FUNCTION", function_name(motif)).replace("PREPARE_B", prepare)
-              .replace("CHUNK_OF_B", chunk).replace("BLOCK_OF_B", block))
+    constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nKC = {K_SLICE}\nTASKS = {TASKS}\nACC_BLOCKS = {ACC_BLOCKS}\n"
+    setup, prepare, block = _B_SOURCES[b_dtype]
+    driver = (_DRIVER.replace("FUNCTION", function_name(motif)).replace("SETUP_B", setup).replace("PREPARE_B", prepare)
+              .replace("BLOCK_OF_B", block).replace("PK_ELEMS", str(K_SLICE * PANEL_ROWS))
+              .replace("ACC_ELEMS", str(ACC_BLOCKS * TILE_COLS * PANEL_ROWS)))
     driver = driver.replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
     helpers = "".join(h + "\n\n" for h in helpers_for(driver))
     return header + IMPORTS + "\n" + constants + "\n" + helpers + _TILE + "\n" + driver

@@ -207,14 +207,17 @@ def _lm_fold(typingctx, a, width):
     "_lm_alloca": '''
 @intrinsic
 def _lm_alloca(typingctx, count, dtype):
-    # a stack buffer of `count` elements in the function's entry block (one per thread)
+    # a stack buffer of `count` elements in the function's entry block (one per thread),
+    # aligned to a cache line so that vector loads from it never straddle two
     if not isinstance(count, types.IntegerLiteral) or not isinstance(dtype, types.NumberClass):
         return None
     elem = dtype.instance_type
     size = count.literal_value
 
     def codegen(context, builder, sig, args):
-        return cgutils.alloca_once(builder, context.get_data_type(elem), size=size)
+        ptr = cgutils.alloca_once(builder, context.get_data_type(elem), size=size)
+        ptr.align = 64
+        return ptr
 
     return types.CPointer(elem)(count, dtype), codegen''',
 }

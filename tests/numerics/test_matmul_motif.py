@@ -76,18 +76,21 @@ def test_many_columns_split_into_chunks_of_b_keep_each_chain(product, rng):
     np.testing.assert_array_equal(whole[:, 999:], fma_chain(a, b[999:]))
 
 
-def test_f16_weights_widened_per_task_or_once_per_call_give_the_same_bits(rng):
-    # With a workspace the f16 weights are widened once per call; without (a weight too large
-    # for it), every task widens its blocks: the two paths compute the same chains.
-    from loomc.lower.matmul import load_function, workspace_elems
+def test_f16_weights_widened_per_task_or_once_per_call_give_the_same_bits(rng, monkeypatch):
+    # With room in the workspace the f16 weights are widened once per call; without (a weight
+    # over WIDE_LIMIT), every task widens its blocks: the two paths compute the same chains.
+    from loomc.lower import matmul
 
-    gemm = load_function("matmul_f16")
-    a, b = rand(rng, 1, 40, 70), rand(rng, 1, 29, 70).astype(np.float16).view(np.uint16)
+    gemm = matmul.load_function("matmul_f16")
+    a, b = rand(rng, 1, 40, 470), rand(rng, 1, 29, 470).astype(np.float16).view(np.uint16)
     wide, local = np.zeros((1, 40, 29), np.float32), np.zeros((1, 40, 29), np.float32)
-    gemm(a, b, wide, np.zeros(workspace_elems("matmul_f16", 1, 40, 70, 29), np.float32))
-    gemm(a, b, local, np.zeros(0, np.float32))
+    gemm(a, b, wide, np.zeros(matmul.workspace_elems("matmul_f16", 1, 40, 470, 29), np.float32))
+    monkeypatch.setattr(matmul, "WIDE_LIMIT", 0)
+    gemm(a, b, local, np.zeros(matmul.workspace_elems("matmul_f16", 1, 40, 470, 29), np.float32))
     np.testing.assert_array_equal(wide, local)
-    np.testing.assert_array_equal(wide[0], fma_chain(a[0], b[0].view(np.float16).astype(np.float32)))
+    np.testing.assert_array_equal(wide[0, ::13], fma_chain(a[0, ::13], b[0].view(np.float16).astype(np.float32)))
+    with pytest.raises(ValueError, match="workspace"):
+        gemm(a, b, local, np.zeros(0, np.float32))
 
 
 def test_batched_products_are_each_the_chain_and_independent(programs, rng):
