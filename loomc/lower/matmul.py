@@ -97,7 +97,7 @@ def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
     own blocks)."""
     panels, blocks = -(-m // PANEL_ROWS), -(-n // TILE_COLS)
     per_chunk = max(1, min(CHUNK_ELEMS // (TILE_COLS * max(k, 1)), -(-blocks * panels // TASKS), ACC_BLOCKS))
-    chunks = -(-blocks // per_chunk)
+    chunks = -(-blocks // per_chunk)   # (the driver then evens the chunks out: the same count)
     if MOTIFS[motif][0] == "f32":
         prepack, extra = chunks > 1, groups * TILE_COLS * k if n % TILE_COLS else 0
     else:
@@ -207,6 +207,7 @@ def FUNCTION(a, b, c, ws):
     # TASKS tasks when a has few panels (decode), so both cores get balanced work
     per_chunk = max(1, min(CHUNK_ELEMS // (NR * max(K, 1)), (blocks * panels + TASKS - 1) // TASKS, ACC_BLOCKS))
     chunks = (blocks + per_chunk - 1) // per_chunk
+    per_chunk = (blocks + chunks - 1) // chunks   # chunks of even size (72 blocks: 36 + 36, not 42 + 30)
     b_flat = b.reshape(-1)
     SETUP_B
     prepack = chunks > 1 or kc > KC
