@@ -57,41 +57,58 @@ def test_conv3x3_columns_times_weight_rows_is_torch_conv2d(kernel, rng, h, w, st
     assert np.array_equal(alone, cols[oh * ow:2 * oh * ow])
 
 
-@pytest.mark.parametrize("name", ["group_norm", "group_norm_silu"])
-@pytest.mark.parametrize("c, groups", [(6, 3), (5, 1), (8, 8)])
+def group_norm_rows(kernel, name, images, groups, weight, bias, eps, ss=None):
+    """group_norm_stats then the apply kernel `name` on images [B, C, H, W], as token rows."""
+    b, c, h, w = images.shape
+    stats = np.full((b, 2 * c), np.nan, np.float32)
+    kernel("group_norm_stats")(rows(images), h * w, groups, eps, stats)
+    y = np.full((b * h * w, c), np.nan, np.float32)
+    extra = () if ss is None else (ss,)
+    kernel(name)(rows(images), stats, h * w, weight, bias, *extra, y)
+    return y
+
+
+@pytest.mark.parametrize("name", ["group_norm_apply", "group_norm_apply_silu", "group_norm_apply_film_silu"])
+@pytest.mark.parametrize("c, groups", [(6, 3), (5, 1), (8, 8), (32, 8)])
 def test_group_norm_is_torchs(kernel, rng, name, c, groups):
     b, h, w = 3, 6, 10
     images = (rng.standard_normal((b, c, h, w)) * 2 + 3).astype(np.float32)
     weight, bias = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    ss = rng.standard_normal((b, 2 * c)).astype(np.float32) if name.endswith("film_silu") else None
     eps = np.float32(1e-5)
-    y = np.full((b * h * w, c), np.nan, np.float32)
-    kernel(name)(rows(images), h * w, groups, weight, bias, eps, y)
-    want = F.group_norm(torch.from_numpy(images).double(), groups, torch.from_numpy(weight).double(),
-                        torch.from_numpy(bias).double(), float(eps))
-    if name == "group_norm_silu":
-        want = F.silu(want)
-    np.testing.assert_allclose(unrows(y, b, h, w), want.numpy(), rtol=1e-5, atol=1e-5)
-    want32 = F.group_norm(torch.from_numpy(images), groups, torch.from_numpy(weight), torch.from_numpy(bias), float(eps))
-    if name == "group_norm_silu":
-        want32 = F.silu(want32)
-    np.testing.assert_allclose(unrows(y, b, h, w), want32.numpy(), rtol=1e-5, atol=1e-5)
+    y = group_norm_rows(kernel, name, images, groups, weight, bias, eps, ss)
+
+    def torch_reference(dtype):
+        t = lambda a: torch.from_numpy(a).to(dtype)  # noqa: E731
+        out = F.group_norm(t(images), groups, t(weight), t(bias), float(eps))
+        if ss is not None:   # torch's FiLM: h * (1 + scale) + shift per image, then SiLU
+            out = out * (1 + t(ss[:, :c])[:, :, None, None]) + t(ss[:, c:])[:, :, None, None]
+        return F.silu(out) if name != "group_norm_apply" else out
+
+    np.testing.assert_allclose(unrows(y, b, h, w), torch_reference(torch.float64).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(unrows(y, b, h, w), torch_reference(torch.float32).numpy(), rtol=1e-5, atol=1e-5)
     # image 1 alone gives the bits it gives in the batch of 3
-    alone = np.full((h * w, c), np.nan, np.float32)
-    kernel(name)(rows(images[1:2]), h * w, groups, weight, bias, eps, alone)
+    alone = group_norm_rows(kernel, name, images[1:2], groups, weight, bias, eps, None if ss is None else ss[1:2].copy())
     assert np.array_equal(alone, y[h * w:2 * h * w])
 
 
-def test_film_silu_and_broadcast_rows_add(kernel, rng):
+def test_silu_of_large_magnitudes(kernel):
+    # the polynomial exp's clamp: silu stays v for large v and 0 (within 1e-36) for very negative v
+    v = np.array([-200.0, -88.5, -87.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 87.0, 88.5, 200.0], np.float32)
+    images = v.reshape(1, 1, 1, -1)
+    # one group over one channel, weight = std and bias = mean undo the norm (up to rounding)
+    mean, std = np.float32(v.mean()), np.float32(np.sqrt(v.var() + 1e-5))
+    y = group_norm_rows(kernel, "group_norm_apply_silu", images, 1, np.array([std], np.float32),
+                        np.array([mean], np.float32), np.float32(1e-5))[:, 0]
+    pre = group_norm_rows(kernel, "group_norm_apply", images, 1, np.array([std], np.float32),
+                          np.array([mean], np.float32), np.float32(1e-5))[:, 0]
+    want = F.silu(torch.from_numpy(pre).double()).numpy()
+    np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-30)
+
+
+def test_broadcast_rows_add(kernel, rng):
     b, pixels, c = 3, 7, 5
     y0 = rng.standard_normal((b * pixels, c)).astype(np.float32)
-    ss = rng.standard_normal((b, 2 * c)).astype(np.float32)
-    y = y0.copy()
-    kernel("film_silu")(y, ss, pixels)
-    per_row = np.repeat(ss, pixels, axis=0)
-    v = y0 * (1 + per_row[:, :c]) + per_row[:, c:]
-    want = F.silu(torch.from_numpy(v)).numpy()
-    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
-
     bias = rng.standard_normal((b, c)).astype(np.float32)
     y = y0.copy()
     kernel("broadcast_rows_add")(y, bias, pixels)

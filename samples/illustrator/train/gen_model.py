@@ -21,7 +21,7 @@ HEAD = '''// The illustrator's provider: the `generate` stage (control.loom). Pr
 use "config.loom" { width, height, adapters, channels, steps, guidance, c0, c1, c2, cond, time_freqs, groups, unet_heads, gn_eps, unet_attn_scale, dim, layout_hidden, layout_channels, layout_side }
 use "prepare.loom" { time1_w, time1_b, time2_w, time2_b, text_w, text_b, layout1_w, layout1_b, layout2_w, layout2_b, @PARAMS@ }
 use "text.loom" { encode_prompts }
-use "std:unet.loom" { conv3x3_columns, group_norm, group_norm_silu, film_silu, upsample_nearest2x, concat_channels, lora_conv_add, timestep_embedding, gaussian_noise, fill, repeat_rows, with_null_rows, cfg_euler_step, to_pixels, map_rows }
+use "std:unet.loom" { conv3x3_columns, group_norm_stats, group_norm_apply, group_norm_apply_silu, group_norm_apply_film_silu, upsample_nearest2x, concat_channels, lora_conv_add, timestep_embedding, gaussian_noise, fill, repeat_rows, with_null_rows, cfg_euler_step, to_pixels, map_rows }
 use "std:encoders.loom" { bias_add }
 use "std:activations.loom" { silu, residual_add }
 use "std:vision.loom" { keys_by_head, image_attention }
@@ -98,12 +98,24 @@ def var(lv, width):
     return scratch[key]
 body = []
 named = []
+stats_of = {}
+
+
+def stats(width):
+    """The group_norm_stats scratch of a width (one per channel count, any level)."""
+    if width not in stats_of:
+        stats_of[width] = "gn_" + width.replace(" + ", "_")
+        named.append((stats_of[width], f"B2, 2 * ({width})" if " " in width else f"B2, 2 * {width}"))
+    return stats_of[width]
+
+
 def res(b, x, lv, out):
     ci, co = blocks[b]
     hh, ww, p = level[lv][1], level[lv][2], level[lv][3]
     a = var(lv, ci); k1 = var(lv, f"9 * ({ci})" if " " in ci else f"9 * {ci}"); h = var(lv, co + "#h"); g = var(lv, co + "#g"); k2 = var(lv, f"9 * {co}")
     L = [f"    // {b}: Res({ci} -> {co})",
-         f"    group_norm_silu({x}, {p}, groups, {b}_n1_w, {b}_n1_b, gn_eps, {a})",
+         f"    group_norm_stats({x}, {p}, groups, gn_eps, {stats(ci)})",
+         f"    group_norm_apply_silu({x}, {stats(ci)}, {p}, {b}_n1_w, {b}_n1_b, {a})",
          f"    conv3x3_columns({a}, {hh}, {ww}, 1, {k1})",
          f"    matmul({k1}, {b}_c1_w, {h})",
          f"    bias_add({h}, {b}_c1_b)",
@@ -112,8 +124,8 @@ def res(b, x, lv, out):
          f"    }}",
          f"    matmul(c, {b}_film_w, ss_{b})",
          f"    bias_add(ss_{b}, {b}_film_b)",
-         f"    group_norm({h}, {p}, groups, {b}_n2_w, {b}_n2_b, gn_eps, {g})",
-         f"    film_silu({g}, ss_{b}, {p})",
+         f"    group_norm_stats({h}, {p}, groups, gn_eps, {stats(co)})",
+         f"    group_norm_apply_film_silu({h}, {stats(co)}, {p}, {b}_n2_w, {b}_n2_b, ss_{b}, {g})",
          f"    conv3x3_columns({g}, {hh}, {ww}, 1, {k2})",
          f"    matmul({k2}, {b}_c2_w, {out})",
          f"    bias_add({out}, {b}_c2_b)",
@@ -148,7 +160,8 @@ res("mid0", "mid_in", 2, m0)
 an = named_var("attn_in", 2, "c2"); qkv = named_var("attn_qkv", 2, "3 * c2"); att = named_var("attn_o", 2, "c2"); ap = named_var("attn_proj", 2, "c2")
 named.append(("attn_kt", "B2, unet_heads, c2 / unet_heads, (height / 4) * (width / 4)"))
 body += ["    // Self-attention over the (h/4) x (w/4) tokens of each image, residual.",
-         f"    group_norm(m0, p2, groups, attn_norm_w_u, attn_norm_b_u, gn_eps, {an})",
+         f"    group_norm_stats(m0, p2, groups, gn_eps, {stats('c2')})",
+         f"    group_norm_apply(m0, {stats('c2')}, p2, attn_norm_w_u, attn_norm_b_u, {an})",
          f"    matmul({an}, attn_qkv_w, {qkv})", f"    bias_add({qkv}, attn_qkv_b)",
          f"    keys_by_head({qkv}, attn_kt)", f"    image_attention({qkv}, attn_kt, unet_attn_scale, {att})",
          f"    matmul({att}, attn_out_w, {ap})", f"    bias_add({ap}, attn_out_b)", f"    residual_add(m0, {ap})"]
@@ -160,7 +173,8 @@ u0 = named_var("up0_in", 0, "c1"); cat0 = named_var("up0_cat", 0, "c1 + c0"); o0
 body += ["    // up0: nearest x2, then the skip", f"    upsample_nearest2x({o1}, height / 2, width / 2, {u0})", f"    concat_channels({u0}, skip0, {cat0})"]
 res("up0", cat0, 0, o0)
 on = named_var("out_norm", 0, "c0"); oc = named_var("out_cols", 0, "9 * c0")
-body += ["    // out: GroupNorm, SiLU, conv 3x3 to RGB", f"    group_norm_silu({o0}, p0, groups, norm_out_w, norm_out_b, gn_eps, {on})",
+body += ["    // out: GroupNorm, SiLU, conv 3x3 to RGB", f"    group_norm_stats({o0}, p0, groups, gn_eps, {stats('c0')})",
+         f"    group_norm_apply_silu({o0}, {stats('c0')}, p0, norm_out_w, norm_out_b, {on})",
          f"    conv3x3_columns({on}, height, width, 1, {oc})", f"    matmul({oc}, conv_out_w, v)", "    bias_add(v, conv_out_b)"]
 decl = []
 for (lv, width), name in scratch.items():
