@@ -45,7 +45,9 @@ def rand(rng, *shape, scale=1.0):
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (17, 33, 6), (16, 64, 13), (33, 5, 7), (2, 130, 12),
-                                     (18, 400, 14)])   # the last: k in two packed slices
+                                     (18, 400, 14), (37, 20, 20), (20, 30, 37)])
+# (18, 400, 14): k in two packed slices; more rows of a than of b (17 x 6, 33 x 7, 37 x 20: a
+# partial last block of a and two panels of b) swaps the roles, (20, 30, 37) does not
 def test_each_element_is_the_exact_fma_chain(product, rng, m, k, n):
     a, b = rand(rng, m, k), rand(rng, n, k)
     np.testing.assert_array_equal(product(a, b), fma_chain(a, b))
@@ -58,7 +60,7 @@ def programs():
     return {name: compile_command(checked, name) for name in ("product_f16", "batched")}
 
 
-@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (5, 33, 7), (17, 64, 13)])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (5, 33, 7), (17, 64, 13), (20, 64, 150)])
 def test_f16_weights_give_the_chain_of_their_exact_f32_values(programs, rng, m, k, n):
     a, b = rand(rng, m, k), rand(rng, n, k).astype(np.float16)
     got = programs["product_f16"].run({}, {}, {"a": a, "b": b})["c"]
@@ -82,11 +84,12 @@ def test_f16_weights_widened_per_task_or_once_per_call_give_the_same_bits(rng, m
     from loomc.lower import matmul
 
     gemm = matmul.load_function("matmul_f16")
-    a, b = rand(rng, 1, 40, 470), rand(rng, 1, 29, 470).astype(np.float16).view(np.uint16)
-    wide, local = np.zeros((1, 40, 29), np.float32), np.zeros((1, 40, 29), np.float32)
-    gemm(a, b, wide, np.zeros(matmul.workspace_elems("matmul_f16", 1, 40, 470, 29), np.float32))
+    # (fewer rows of a than of b: the roles do not swap)
+    a, b = rand(rng, 1, 20, 470), rand(rng, 1, 150, 470).astype(np.float16).view(np.uint16)
+    wide, local = np.zeros((1, 20, 150), np.float32), np.zeros((1, 20, 150), np.float32)
+    gemm(a, b, wide, np.zeros(matmul.workspace_elems("matmul_f16", 1, 20, 470, 150), np.float32))
     monkeypatch.setattr(matmul, "WIDE_LIMIT", 0)
-    gemm(a, b, local, np.zeros(matmul.workspace_elems("matmul_f16", 1, 40, 470, 29), np.float32))
+    gemm(a, b, local, np.zeros(matmul.workspace_elems("matmul_f16", 1, 20, 470, 150), np.float32))
     np.testing.assert_array_equal(wide, local)
     np.testing.assert_array_equal(wide[0, ::13], fma_chain(a[0, ::13], b[0].view(np.float16).astype(np.float32)))
     with pytest.raises(ValueError, match="workspace"):
@@ -129,6 +132,9 @@ def test_a_row_does_not_depend_on_the_other_rows(product, rng):
     pack[3, 7], pack[11, 0], pack[30] = np.inf, np.nan, -np.inf
     pack[37] = x[0]
     np.testing.assert_array_equal(product(pack, b)[37], alone)
+    # 40 rows against 20 of b swap the roles (a read in place, b packed): the same bits as alone
+    few = b[:20].copy()
+    np.testing.assert_array_equal(product(pack, few)[37], product(x, few)[0])
 
 
 def test_a_column_does_not_depend_on_the_other_rows_of_b(product, rng):
