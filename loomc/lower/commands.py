@@ -54,7 +54,7 @@ Operand = TensorRef | ir.Expr
 
 @dataclass(frozen=True)
 class Dispatch:
-    kind: str  # "kernel" | "motif" (a compiler intrinsic: matmul, matmul_f16, bmm)
+    kind: str  # "kernel" | "motif" (a compiler intrinsic: matmul, matmul_f16, bmm, conv3x3)
     callee: str  # key into CommandPlan.kernels, or the motif name
     operands: tuple[Operand, ...]
     source: ir.Source  # the call site

@@ -114,7 +114,7 @@ def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
     return (groups * panels * PANEL_ROWS * k if prepack else 0) + extra
 
 
-_TILE = '''
+TILE_SOURCE = '''
 @intrinsic
 def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t):
     # t[j * MR + i] = fma chain over k < kn of ap[a_off + k * MR + i] * b[b_off + j * ldb + k],
@@ -388,7 +388,7 @@ def render_module(motif: str = "matmul") -> str:
               .replace("ACC_ELEMS", str(ACC_BLOCKS * TILE_COLS * PANEL_ROWS)))
     driver = driver.replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
     helpers = "".join(h + "\n\n" for h in helpers_for(driver))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + _TILE + "\n" + driver
+    return header + IMPORTS + "\n" + constants + "\n" + helpers + TILE_SOURCE + "\n" + driver
 
 
 def argument_examples(motif: str = "matmul") -> tuple:

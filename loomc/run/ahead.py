@@ -24,8 +24,8 @@ Progress = Callable[[int, int], None]
 
 def ahead_of_time_units(programs: Mapping[str, Any], launchers: Iterable[KernelLauncher] = ()) -> list[tuple[Any, tuple]]:
     """(dispatcher, argument examples) for every distinct compiled function that `programs`
-    (command programs: their kernel launchers and matmul motifs) and `launchers` launch."""
-    from loomc.lower import matmul
+    (command programs: their kernel launchers and motifs) and `launchers` launch."""
+    from loomc.lower.motifs import lowering_of
 
     units: dict[int, tuple[Any, tuple]] = {}
 
@@ -38,8 +38,8 @@ def ahead_of_time_units(programs: Mapping[str, Any], launchers: Iterable[KernelL
         for name, launcher in program.launchers.items():
             if isinstance(launcher, KernelLauncher):
                 add_launcher(launcher)
-            else:  # a matmul motif's dispatcher, keyed by the motif's name
-                units.setdefault(id(launcher), (launcher, matmul.argument_examples(name)))
+            else:  # a motif's dispatcher, keyed by the motif's name
+                units.setdefault(id(launcher), (launcher, lowering_of(name).argument_examples(name)))
     for launcher in launchers:
         add_launcher(launcher)
     return list(units.values())

@@ -48,9 +48,9 @@ def build_program(plan: CommandPlan, target: str = "cpu", cache_dir: Path | None
     launchers: dict[str, Any] = dict(compile_kernels(plan.kernels, target, cache_dir))
     motifs = {d.callee for d in plan.dispatches if d.kind == "motif"}
     if motifs:
-        from loomc.lower.matmul import load_function
+        from loomc.lower.motifs import lowering_of
 
-        launchers.update({name: load_function(name, cache_dir) for name in sorted(motifs)})
+        launchers.update({name: lowering_of(name).load_function(name, cache_dir) for name in sorted(motifs)})
     return CommandProgram(plan, launchers, target)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from loomc.check.shapes import Dim
 from loomc.ir import interpret
 from loomc.ir import module as ir
-from loomc.lower import matmul
+from loomc.lower import conv3x3, matmul
 from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, refs_arguments
 from loomc.run.errors import BindingError, DispatchError, StageInputError
 from loomc.run.launch import HOST_DTYPES, HOST_STORAGE, KernelLauncher, logical_dim, storage_shape
@@ -131,12 +131,9 @@ class ShapePlan:
             placed.append((offset, size, first, last))
             offsets[s.name] = offset
         scratch_end = max((o + n for o, n, _, _ in placed), default=0)
-        # A matmul motif's workspace (f16 weights widened once per call): live only inside
+        # A motif's workspace (packed or widened weights, motif_workspace): live only inside
         # one motif dispatch, so every motif dispatch of the plan shares one region past the scratch.
-        workspace = 4 * max((matmul.workspace_elems(d.callee, *_groups_rows_depth([dim_value(x, self.env)
-                                                                                   for x in d.operands[0].dims]),
-                                                    dim_value(d.operands[1].dims[-2], self.env))
-                             for d in plan.dispatches if d.kind == "motif"), default=0)
+        workspace = 4 * max((self.motif_workspace(d) for d in plan.dispatches if d.kind == "motif"), default=0)
         self.arena_bytes = scratch_end
         arena = bound.arena(scratch_end + workspace + ARENA_ALIGN)
         base = (-arena.ctypes.data) % ARENA_ALIGN
@@ -176,12 +173,40 @@ class ShapePlan:
             base = base[index]
         return base
 
+    def motif_workspace(self, d: Dispatch) -> int:
+        """f32 elements of the workspace motif dispatch `d` wants at this plan's dimensions."""
+        if d.callee in conv3x3.MOTIFS:
+            out_channels, depth = (dim_value(x, self.env) for x in d.operands[1].dims)
+            return conv3x3.workspace_elems(out_channels, depth)
+        return matmul.workspace_elems(d.callee, *_groups_rows_depth([dim_value(x, self.env) for x in d.operands[0].dims]),
+                                      dim_value(d.operands[1].dims[-2], self.env))
+
+    def conv_arguments(self, dispatch: Dispatch, values: list[Any]) -> tuple:
+        """The conv3x3 motif's launch arguments, after the checks its signature cannot make."""
+        x, w, height, width, stride, y = values
+        height, width, stride = int(height), int(width), int(stride)
+        t, c = x.shape
+        o, k = w.shape
+        where = f"{dispatch.callee} at {dispatch.source.path}:{dispatch.source.line}"
+        if height < 1 or width < 1 or stride < 1 or t % (height * width):
+            raise DispatchError(f"{where}: {t} rows are not whole {height} x {width} images (stride {stride})")
+        oh, ow = (height - 1) // stride + 1, (width - 1) // stride + 1
+        if k != 9 * c or y.shape != (t // (height * width) * oh * ow, o):
+            raise DispatchError(f"{where}: x {x.shape}, w {w.shape}, y {y.shape} do not make a 3x3 convolution "
+                                f"of {height} x {width} images with stride {stride}")
+        if c > conv3x3.MAX_CHANNELS or o > matmul.SWAP_N:
+            raise DispatchError(f"{where}: {c} input and {o} output channels; the motif takes at most "
+                                f"{conv3x3.MAX_CHANNELS} and {matmul.SWAP_N}")
+        return (x, w, y, height, width, stride, self.workspace)
+
     def operand_values(self, bound: _Bound, dispatch: Dispatch, scalars: Mapping[str, Any]) -> list[Any]:
         return [self.array(bound, o, scalars) if isinstance(o, TensorRef) else interpret.evaluate(o, scalars)
                 for o in dispatch.operands]
 
     def build_all(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch, scalars) -> list[tuple]:
         values = self.operand_values(bound, dispatch, scalars)
+        if dispatch.kind == "motif" and dispatch.callee in conv3x3.MOTIFS:
+            return [(program.launchers[dispatch.callee], self.conv_arguments(dispatch, values))]
         if dispatch.kind == "motif":
             a, b, c = values
             g, m, k = _groups_rows_depth(a.shape)

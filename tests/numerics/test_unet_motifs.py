@@ -149,12 +149,11 @@ def test_lora_conv_add_is_a_scaled_low_rank_conv(kernel, rng):
     down = rng.standard_normal((rank, c, 3, 3)).astype(np.float32)
     up = rng.standard_normal((o, rank, 1, 1)).astype(np.float32)
     scales = np.array([[0.5, 0.0], [0.0, 0.0], [-1.25, 2.0]], np.float32)   # [B, adapters]
-    cols = columns(kernel, rows(images), h, w, 1, b)
     a = conv_rows(kernel, down)
     y0 = rng.standard_normal((b * h * w, o)).astype(np.float32)
     for adapter in range(2):
         y = y0.copy()
-        kernel("lora_conv_add")(cols, a, np.ascontiguousarray(up[:, :, 0, 0]), scales, adapter, h * w, y)
+        kernel("lora_conv_add")(rows(images), h, w, a, np.ascontiguousarray(up[:, :, 0, 0]), scales, adapter, y)
         lora = F.conv2d(F.conv2d(torch.from_numpy(images).double(), torch.from_numpy(down).double(), padding=1),
                         torch.from_numpy(up).double()).numpy()
         want = unrows(y0, b, h, w) + scales[:, adapter].reshape(b, 1, 1, 1) * lora

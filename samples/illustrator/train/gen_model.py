@@ -21,7 +21,7 @@ HEAD = '''// The illustrator's provider: the `generate` stage (control.loom). Pr
 use "config.loom" { width, height, adapters, channels, steps, guidance, c0, c1, c2, cond, time_freqs, groups, unet_heads, gn_eps, unet_attn_scale, dim, layout_hidden, layout_channels, layout_side }
 use "prepare.loom" { time1_w, time1_b, time2_w, time2_b, text_w, text_b, layout1_w, layout1_b, layout2_w, layout2_b, @PARAMS@ }
 use "text.loom" { encode_prompts }
-use "std:unet.loom" { conv3x3_columns, group_norm_stats, group_norm_apply, group_norm_apply_silu, group_norm_apply_film_silu, upsample_nearest2x, concat_channels, lora_conv_add, timestep_embedding, gaussian_noise, fill, repeat_rows, with_null_rows, cfg_euler_step, to_pixels, map_rows }
+use "std:unet.loom" { group_norm_stats, group_norm_apply, group_norm_apply_silu, group_norm_apply_film_silu, upsample_nearest2x, concat_channels, lora_conv_add, timestep_embedding, gaussian_noise, fill, repeat_rows, with_null_rows, cfg_euler_step, to_pixels, map_rows }
 use "std:encoders.loom" { bias_add }
 use "std:activations.loom" { silu, residual_add }
 use "std:vision.loom" { keys_by_head, image_attention }
@@ -112,25 +112,23 @@ def stats(width):
 def res(b, x, lv, out):
     ci, co = blocks[b]
     hh, ww, p = level[lv][1], level[lv][2], level[lv][3]
-    a = var(lv, ci); k1 = var(lv, f"9 * ({ci})" if " " in ci else f"9 * {ci}"); h = var(lv, co + "#h"); g = var(lv, co + "#g"); k2 = var(lv, f"9 * {co}")
+    a = var(lv, ci); h = var(lv, co + "#h"); g = var(lv, co + "#g")
     L = [f"    // {b}: Res({ci} -> {co})",
          f"    group_norm_stats({x}, {p}, groups, gn_eps, {stats(ci)})",
          f"    group_norm_apply_silu({x}, {stats(ci)}, {p}, {b}_n1_w, {b}_n1_b, {a})",
-         f"    conv3x3_columns({a}, {hh}, {ww}, 1, {k1})",
-         f"    matmul({k1}, {b}_c1_w, {h})",
+         f"    conv3x3({a}, {b}_c1_w, {hh}, {ww}, 1, {h})",
          f"    bias_add({h}, {b}_c1_b)",
          f"    for a in 0..adapters {{",
-         f"        lora_conv_add({k1}, {b}_c1_la[a], {b}_c1_lb[a], scales, a, {p}, {h})",
+         f"        lora_conv_add({a}, {hh}, {ww}, {b}_c1_la[a], {b}_c1_lb[a], scales, a, {h})",
          f"    }}",
          f"    matmul(c, {b}_film_w, ss_{b})",
          f"    bias_add(ss_{b}, {b}_film_b)",
          f"    group_norm_stats({h}, {p}, groups, gn_eps, {stats(co)})",
          f"    group_norm_apply_film_silu({h}, {stats(co)}, {p}, {b}_n2_w, {b}_n2_b, ss_{b}, {g})",
-         f"    conv3x3_columns({g}, {hh}, {ww}, 1, {k2})",
-         f"    matmul({k2}, {b}_c2_w, {out})",
+         f"    conv3x3({g}, {b}_c2_w, {hh}, {ww}, 1, {out})",
          f"    bias_add({out}, {b}_c2_b)",
          f"    for a in 0..adapters {{",
-         f"        lora_conv_add({k2}, {b}_c2_la[a], {b}_c2_lb[a], scales, a, {p}, {out})",
+         f"        lora_conv_add({g}, {hh}, {ww}, {b}_c2_la[a], {b}_c2_lb[a], scales, a, {out})",
          f"    }}"]
     named.append((f"ss_{b}", f"B2, 2 * {co}"))
     if ci != co:
@@ -144,16 +142,15 @@ def named_var(name, lv, width):
     named.append((name, f"{rows[lv]}, {width}"))
     return name
 
-x0 = named_var("cin_cols", 0, "9 * channels")
 h0 = named_var("h0", 0, "c0")
 s0 = named_var("skip0", 0, "c0")
-body += ["    // conv_in", f"    conv3x3_columns(x, height, width, 1, {x0})", f"    matmul({x0}, conv_in_w, {h0})", f"    bias_add({h0}, conv_in_b)"]
+body += ["    // conv_in", f"    conv3x3(x, conv_in_w, height, width, 1, {h0})", f"    bias_add({h0}, conv_in_b)"]
 res("down0", h0, 0, s0)
-d0c = named_var("pool0_cols", 1, "9 * c0"); h1 = named_var("h1", 1, "c0"); s1 = named_var("skip1", 1, "c1")
-body += ["    // pool0: conv 3x3 stride 2", f"    conv3x3_columns({s0}, height, width, 2, {d0c})", f"    matmul({d0c}, pool0_w, {h1})", f"    bias_add({h1}, pool0_b)"]
+h1 = named_var("h1", 1, "c0"); s1 = named_var("skip1", 1, "c1")
+body += ["    // pool0: conv 3x3 stride 2", f"    conv3x3({s0}, pool0_w, height, width, 2, {h1})", f"    bias_add({h1}, pool0_b)"]
 res("down1", h1, 1, s1)
-d1c = named_var("pool1_cols", 2, "9 * c1"); h2 = named_var("h2", 2, "c1"); m0 = named_var("m0", 2, "c2"); m1 = named_var("m1", 2, "c2")
-body += ["    // pool1: conv 3x3 stride 2", f"    conv3x3_columns({s1}, height / 2, width / 2, 2, {d1c})", f"    matmul({d1c}, pool1_w, {h2})", f"    bias_add({h2}, pool1_b)"]
+h2 = named_var("h2", 2, "c1"); m0 = named_var("m0", 2, "c2"); m1 = named_var("m1", 2, "c2")
+body += ["    // pool1: conv 3x3 stride 2", f"    conv3x3({s1}, pool1_w, height / 2, width / 2, 2, {h2})", f"    bias_add({h2}, pool1_b)"]
 body += ["    // the prompts' layout maps join the features", "    concat_channels(h2, layout, mid_in)"]
 named.append(("mid_in", f"{rows[2]}, c1 + layout_channels"))
 res("mid0", "mid_in", 2, m0)
@@ -172,10 +169,10 @@ res("up1", cat1, 1, o1)
 u0 = named_var("up0_in", 0, "c1"); cat0 = named_var("up0_cat", 0, "c1 + c0"); o0 = named_var("up0_out", 0, "c0")
 body += ["    // up0: nearest x2, then the skip", f"    upsample_nearest2x({o1}, height / 2, width / 2, {u0})", f"    concat_channels({u0}, skip0, {cat0})"]
 res("up0", cat0, 0, o0)
-on = named_var("out_norm", 0, "c0"); oc = named_var("out_cols", 0, "9 * c0")
+on = named_var("out_norm", 0, "c0")
 body += ["    // out: GroupNorm, SiLU, conv 3x3 to RGB", f"    group_norm_stats({o0}, p0, groups, gn_eps, {stats('c0')})",
          f"    group_norm_apply_silu({o0}, {stats('c0')}, p0, norm_out_w, norm_out_b, {on})",
-         f"    conv3x3_columns({on}, height, width, 1, {oc})", f"    matmul({oc}, conv_out_w, v)", "    bias_add(v, conv_out_b)"]
+         f"    conv3x3({on}, conv_out_w, height, width, 1, v)", "    bias_add(v, conv_out_b)"]
 decl = []
 for (lv, width), name in scratch.items():
     decl.append(f"    var {name}: f32[{rows[lv]}, {width.split('#')[0]}]")
