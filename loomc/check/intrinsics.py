@@ -24,7 +24,7 @@ COMMAND_MOTIFS_SOURCE = """
 stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
 stage matmul_f16(a: f32[M, K], b: f16[N, K], out c: f32[M, N])
 stage bmm(a: f32[G, M, K], b: f32[G, N, K], out c: f32[G, M, N])
-stage conv3x3(x: f32[T, C], w: f32[O, K], height: i64, width: i64, stride: i64, out y: f32[TO, O])
+stage conv3x3(x: f32[T, C], w: f32[O, K], bias: f32[O], height: i64, width: i64, stride: i64, out y: f32[TO, O])
 """
 
 # Control host functions: name -> (parameter types, result type). "any" accepts every value.

@@ -183,7 +183,7 @@ class ShapePlan:
 
     def conv_arguments(self, dispatch: Dispatch, values: list[Any]) -> tuple:
         """The conv3x3 motif's launch arguments, after the checks its signature cannot make."""
-        x, w, height, width, stride, y = values
+        x, w, bias, height, width, stride, y = values
         height, width, stride = int(height), int(width), int(stride)
         t, c = x.shape
         o, k = w.shape
@@ -197,7 +197,7 @@ class ShapePlan:
         if c > conv3x3.MAX_CHANNELS or o > matmul.SWAP_N:
             raise DispatchError(f"{where}: {c} input and {o} output channels; the motif takes at most "
                                 f"{conv3x3.MAX_CHANNELS} and {matmul.SWAP_N}")
-        return (x, w, y, height, width, stride, self.workspace)
+        return (x, w, bias, y, height, width, stride, self.workspace)
 
     def operand_values(self, bound: _Bound, dispatch: Dispatch, scalars: Mapping[str, Any]) -> list[Any]:
         return [self.array(bound, o, scalars) if isinstance(o, TensorRef) else interpret.evaluate(o, scalars)

@@ -116,8 +116,7 @@ def res(b, x, lv, out):
     L = [f"    // {b}: Res({ci} -> {co})",
          f"    group_norm_stats({x}, {p}, groups, gn_eps, {stats(ci)})",
          f"    group_norm_apply_silu({x}, {stats(ci)}, {p}, {b}_n1_w, {b}_n1_b, {a})",
-         f"    conv3x3({a}, {b}_c1_w, {hh}, {ww}, 1, {h})",
-         f"    bias_add({h}, {b}_c1_b)",
+         f"    conv3x3({a}, {b}_c1_w, {b}_c1_b, {hh}, {ww}, 1, {h})",
          f"    for a in 0..adapters {{",
          f"        lora_conv_add({a}, {hh}, {ww}, {b}_c1_la[a], {b}_c1_lb[a], scales, a, {h})",
          f"    }}",
@@ -125,8 +124,7 @@ def res(b, x, lv, out):
          f"    bias_add(ss_{b}, {b}_film_b)",
          f"    group_norm_stats({h}, {p}, groups, gn_eps, {stats(co)})",
          f"    group_norm_apply_film_silu({h}, {stats(co)}, {p}, {b}_n2_w, {b}_n2_b, ss_{b}, {g})",
-         f"    conv3x3({g}, {b}_c2_w, {hh}, {ww}, 1, {out})",
-         f"    bias_add({out}, {b}_c2_b)",
+         f"    conv3x3({g}, {b}_c2_w, {b}_c2_b, {hh}, {ww}, 1, {out})",
          f"    for a in 0..adapters {{",
          f"        lora_conv_add({g}, {hh}, {ww}, {b}_c2_la[a], {b}_c2_lb[a], scales, a, {out})",
          f"    }}"]
@@ -144,13 +142,13 @@ def named_var(name, lv, width):
 
 h0 = named_var("h0", 0, "c0")
 s0 = named_var("skip0", 0, "c0")
-body += ["    // conv_in", f"    conv3x3(x, conv_in_w, height, width, 1, {h0})", f"    bias_add({h0}, conv_in_b)"]
+body += ["    // conv_in", f"    conv3x3(x, conv_in_w, conv_in_b, height, width, 1, {h0})"]
 res("down0", h0, 0, s0)
 h1 = named_var("h1", 1, "c0"); s1 = named_var("skip1", 1, "c1")
-body += ["    // pool0: conv 3x3 stride 2", f"    conv3x3({s0}, pool0_w, height, width, 2, {h1})", f"    bias_add({h1}, pool0_b)"]
+body += ["    // pool0: conv 3x3 stride 2", f"    conv3x3({s0}, pool0_w, pool0_b, height, width, 2, {h1})"]
 res("down1", h1, 1, s1)
 h2 = named_var("h2", 2, "c1"); m0 = named_var("m0", 2, "c2"); m1 = named_var("m1", 2, "c2")
-body += ["    // pool1: conv 3x3 stride 2", f"    conv3x3({s1}, pool1_w, height / 2, width / 2, 2, {h2})", f"    bias_add({h2}, pool1_b)"]
+body += ["    // pool1: conv 3x3 stride 2", f"    conv3x3({s1}, pool1_w, pool1_b, height / 2, width / 2, 2, {h2})"]
 body += ["    // the prompts' layout maps join the features", "    concat_channels(h2, layout, mid_in)"]
 named.append(("mid_in", f"{rows[2]}, c1 + layout_channels"))
 res("mid0", "mid_in", 2, m0)
@@ -172,7 +170,7 @@ res("up0", cat0, 0, o0)
 on = named_var("out_norm", 0, "c0")
 body += ["    // out: GroupNorm, SiLU, conv 3x3 to RGB", f"    group_norm_stats({o0}, p0, groups, gn_eps, {stats('c0')})",
          f"    group_norm_apply_silu({o0}, {stats('c0')}, p0, norm_out_w, norm_out_b, {on})",
-         f"    conv3x3({on}, conv_out_w, height, width, 1, v)", "    bias_add(v, conv_out_b)"]
+         f"    conv3x3({on}, conv_out_w, conv_out_b, height, width, 1, v)"]
 decl = []
 for (lv, width), name in scratch.items():
     decl.append(f"    var {name}: f32[{rows[lv]}, {width.split('#')[0]}]")
