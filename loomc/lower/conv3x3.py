@@ -49,11 +49,9 @@ def k_conv3x3(x, w, bias, y, height, width, stride, ws):
     ow = (width - 1) // stride + 1
     per_image = oh * ow
     bpan = (O + MR - 1) // MR
+    w_rows = w.reshape(1, O, K)
     for p in prange(bpan):
-        for i in range(MR):
-            n = p * MR + i
-            for k in range(K):
-                ws[(p * K + k) * MR + i] = w[n, k] if n < O else np.float32(0.0)
+        _lm_pack_rows(w_rows, 0, p, ws, p * K * MR)
     x_flat = x.reshape(-1)
     blocks = (TO + NR - 1) // NR
     for task in prange(blocks):
@@ -114,8 +112,9 @@ def render_module(motif: str = "conv3x3") -> str:
     acc = -(-matmul.SWAP_N // matmul.PANEL_ROWS) * matmul.TILE_COLS * matmul.PANEL_ROWS
     driver = (_DRIVER.replace("ACC_ELEMS", str(acc)).replace("GATHER_ELEMS", str(matmul.TILE_COLS * MAX_CHANNELS))
               .replace("NR * MR", str(matmul.PANEL_ROWS * matmul.TILE_COLS)))
+    copies = matmul.pack_source("_lm_pack_rows", "f32")
     helpers = "".join(h + "\n\n" for h in helpers_for(driver))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + "\n" + driver
+    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + copies + "\n" + driver
 
 
 def argument_examples(motif: str = "conv3x3") -> tuple:

@@ -194,6 +194,36 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t):
     return types.none(ap, a_off, b, b_off, ldb, kn, t), codegen
 '''
 
+# The copies every driver makes, one template each (rendered per source dtype): a panel of MR
+# rows of x transposed, ws[base + k * MR + i] = x[g, p * MR + i, k], the vector side of the
+# tile; and a zero-padded block of NR rows, ws[base + j * K + k] = x[g, first + j, k], the
+# broadcast side's last partial block. Rows past x's are zeros.
+PACK_SOURCE = '''
+@njit(cache=True)
+def NAME(x, g, p, ws, base):
+    rows, depth = x.shape[1], x.shape[2]
+    for i in range(MR):
+        r = p * MR + i
+        for k in range(depth):
+            ws[base + k * MR + i] = VALUE if r < rows else np.float32(0.0)
+'''
+
+PAD_SOURCE = '''
+@njit(cache=True)
+def _lm_pad_rows(x, g, first, ws, base):
+    rows, depth = x.shape[1], x.shape[2]
+    for j in range(NR):
+        for k in range(depth):
+            ws[base + j * depth + k] = x[g, first + j, k] if first + j < rows else np.float32(0.0)
+'''
+
+
+def pack_source(name: str, dtype: str) -> str:
+    """PACK_SOURCE as the helper `name` for sources of `dtype` (f16: their bits, widened exactly)."""
+    value = "x[g, r, k]" if dtype == "f32" else "_lm_f16_from_bits(x[g, r, k])"
+    return PACK_SOURCE.replace("NAME", name).replace("VALUE", value)
+
+
 _DRIVER = '''
 @njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
 def FUNCTION(a, b, c, ws):
@@ -227,18 +257,10 @@ def FUNCTION(a, b, c, ws):
         if ws.size < packed_b + (G * NR * K if M % NR else 0):
             raise ValueError("matmul: workspace smaller than workspace_elems")
         for gp in prange(G * bpan):
-            g = gp // bpan
-            p = gp - g * bpan
-            for i in range(MR):
-                n = p * MR + i
-                for k in range(K):
-                    ws[(gp * K + k) * MR + i] = B_VALUE if n < N else np.float32(0.0)
-        last = (ablocks - 1) * NR
-        if M - last < NR:
+            _lm_pack_b(b, gp // bpan, gp % bpan, ws, gp * K * MR)
+        if M % NR:
             for g in range(G):
-                for j in range(NR):
-                    for k in range(K):
-                        ws[packed_b + (g * NR + j) * K + k] = a[g, last + j, k] if last + j < M else np.float32(0.0)
+                _lm_pad_rows(a, g, (ablocks - 1) * NR, ws, packed_b + g * NR * K)
         a_flat = a.reshape(-1)
         for task in prange(G * ablocks):
             g = task // ablocks
@@ -269,12 +291,7 @@ def FUNCTION(a, b, c, ws):
         raise ValueError("matmul: workspace smaller than workspace_elems")
     if prepack:
         for gp in prange(G * panels):
-            g = gp // panels
-            p = gp - g * panels
-            for i in range(MR):
-                m = p * MR + i
-                for k in range(K):
-                    ws[(gp * K + k) * MR + i] = a[g, m, k] if m < M else np.float32(0.0)
+            _lm_pack_rows(a, gp // panels, gp % panels, ws, gp * K * MR)
     PREPARE_B
     for task in prange(G * chunks * panels):
         g = task // (chunks * panels)
@@ -324,12 +341,9 @@ def FUNCTION(a, b, c, ws):
 _B_SOURCES = {
     "f32": (
         "extra = G * NR * K if N % NR else 0",
-        '''last = (blocks - 1) * NR
-    if N - last < NR:
+        '''if N % NR:
         for g in range(G):
-            for j in range(NR):
-                for k in range(K):
-                    ws[packed + (g * NR + j) * K + k] = b[g, last + j, k] if last + j < N else np.float32(0.0)''',
+            _lm_pad_rows(b, g, (blocks - 1) * NR, ws, packed + g * NR * K)''',
         '''ld = K
                 if n0 + NR <= N:
                     src = b_flat
@@ -381,14 +395,15 @@ def render_module(motif: str = "matmul") -> str:
               f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tile {PANEL_ROWS} x {TILE_COLS}\n")
     constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nKC = {K_SLICE}\nTASKS = {TASKS}\nACC_BLOCKS = {ACC_BLOCKS}\nSWAP_N = {SWAP_N}\n"
     setup, prepare, block = _B_SOURCES[b_dtype]
-    b_value = "b[g, n, k]" if b_dtype == "f32" else "_lm_f16_from_bits(b[g, n, k])"
     driver = (_DRIVER.replace("FUNCTION", function_name(motif)).replace("SETUP_B", setup).replace("PREPARE_B", prepare)
-              .replace("B_VALUE", b_value).replace("SWAP_ACC_ELEMS", str(-(-SWAP_N // PANEL_ROWS) * TILE_COLS * PANEL_ROWS))
+              .replace("SWAP_ACC_ELEMS", str(-(-SWAP_N // PANEL_ROWS) * TILE_COLS * PANEL_ROWS))
               .replace("BLOCK_OF_B", block).replace("PK_ELEMS", str(K_SLICE * PANEL_ROWS))
               .replace("ACC_ELEMS", str(ACC_BLOCKS * TILE_COLS * PANEL_ROWS)))
     driver = driver.replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
-    helpers = "".join(h + "\n\n" for h in helpers_for(driver))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + TILE_SOURCE + "\n" + driver
+    copies = pack_source("_lm_pack_rows", "f32") + PAD_SOURCE
+    copies += pack_source("_lm_pack_b", b_dtype) if b_dtype != "f32" else "\n_lm_pack_b = _lm_pack_rows\n"
+    helpers = "".join(h + "\n\n" for h in helpers_for(driver + copies))
+    return header + IMPORTS + "\n" + constants + "\n" + helpers + TILE_SOURCE + copies + "\n" + driver
 
 
 def argument_examples(motif: str = "matmul") -> tuple:
