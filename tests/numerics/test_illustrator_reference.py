@@ -19,11 +19,9 @@ scale.
 Prompt following: the 50 held-out prompts of `train/split.json` ("a picture of a fox face":
 a form never seen in training), one 64 x 64 picture each (seed 0); the named emoji must be the
 nearest training emoji by L2 over 16 x 16 box-downsampled RGB (the thumbnails of
-`train/thumbnails.png`, drawn from the font renders) for >= 50 % of prompts (issue 20's
-bound), and among the 5 nearest for >= 80 % (issue 20's bound, NOT met: the trained model
-reaches 76 %, 38 of 50, the same through torch and through Loom; `train/eval_results.md`).
-The test asserts the top-1 bound and, for top 5, a floor three prompts under what the model
-measures (72 %), so a regression fails it; it prints the table.
+`train/thumbnails.png`, drawn from the font renders) for >= 50 % of prompts and among the 5
+nearest for >= 80 % (issue 20's bounds; the trained model measures 70 % and 86 % through
+torch, `train/eval_results.md`, and the same through Loom). It prints the table.
 """
 
 from __future__ import annotations
@@ -54,9 +52,8 @@ from train import load_adapter  # noqa: E402
 PSNR_BOUND = 40.0
 PROMPTS = ["red apple", "fox face", "snowflake", "rocket", "an emoji of a slice of pizza"]
 SEEDS = [0, 18446744073709551557]
-TOP1 = 0.5                 # issue 20's bound
-TOP5_ISSUE = 0.8           # issue 20's bound, not met (76 % measured): reported, not asserted
-TOP5_FLOOR = 0.72          # what is asserted: 3 prompts under the measured 76 %
+TOP1 = 0.5                 # issue 20's bounds
+TOP5 = 0.8
 TIMEOUT = 900
 
 
@@ -158,6 +155,5 @@ def test_held_out_prompts_draw_the_named_emoji(illustrator):
         print(f"| {e['prompt']} | {r + 1} |")
     top1 = sum(r == 0 for r in ranks) / len(ranks)
     top5 = sum(r < 5 for r in ranks) / len(ranks)
-    print(f"top 1: {top1:.0%} (bound {TOP1:.0%}), top 5: {top5:.0%} (issue's bound {TOP5_ISSUE:.0%}, "
-          f"not met by this model; asserted floor {TOP5_FLOOR:.0%})")
-    assert top1 >= TOP1 and top5 >= TOP5_FLOOR
+    print(f"top 1: {top1:.0%} (bound {TOP1:.0%}), top 5: {top5:.0%} (bound {TOP5:.0%})")
+    assert top1 >= TOP1 and top5 >= TOP5

@@ -54,8 +54,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", choices=["eval", "validation"], default="eval")
     ap.add_argument("--guidance", type=float, default=3.0)
+    ap.add_argument("--adapters", action="store_true", help="write adapters_sheet.png instead (base, sketch, ink)")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.adapters:
+        adapters_sheet(args.guidance)
+        return
     split = json.loads(SPLIT.read_text())
     cps, held = split["emoji"], split[args.set]
     refs = read_thumbnails(len(cps))
@@ -80,6 +84,37 @@ def main() -> None:
     for i, img in enumerate(images):
         sheet.paste(Image.fromarray(img), ((i % 10) * 64, (i // 10) * 64))
     sheet.save(HERE / "contact_sheet.png", optimize=True)
+
+
+SHEET_PROMPTS = ["red apple", "fox face", "snowflake", "rocket", "smiling face with open mouth", "dolphin"]
+
+
+def adapters_sheet(guidance: float) -> None:
+    """adapters_sheet.png: SHEET_PROMPTS (seed 0) drawn by the base model, then with `sketch` at
+    scale 1, then with `ink` at scale 1, one row each."""
+    import torch
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(HERE))
+    from data import embed
+    from model import UNet, sample, splitmix_noise, to_uint8
+    from train import load_adapter
+
+    net = UNet()
+    net.load_state_dict(load_file(HERE.parent / "weights" / "unet.safetensors"))
+    for style in ("sketch", "ink"):
+        load_adapter(net, style, load_file(HERE.parent / "weights" / f"lora_{style}.safetensors"))
+    net.eval()
+    texts = torch.from_numpy(embed(SHEET_PROMPTS))
+    noise = torch.cat([splitmix_noise(0, 64, 64) for _ in SHEET_PROMPTS])
+    sheet = Image.new("RGB", (len(SHEET_PROMPTS) * 64, 3 * 64), "white")
+    for row, style in enumerate([None, "sketch", "ink"]):
+        scales = None if style is None else {style: torch.ones(len(SHEET_PROMPTS))}
+        with torch.no_grad():
+            images = to_uint8(sample(net, texts, noise, guidance=guidance, scales=scales)).numpy()
+        for i, img in enumerate(images):
+            sheet.paste(Image.fromarray(img), (i * 64, row * 64))
+    sheet.save(HERE / "adapters_sheet.png", optimize=True)
 
 
 if __name__ == "__main__":

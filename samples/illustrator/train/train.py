@@ -46,6 +46,7 @@ def train(net: UNet, params, images: str, steps: int, lr: float, log: Path, scal
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1.0, s / steps)))))
     new = not log.exists() or resume_step == 0
+    before = 0.0 if new else float(list(csv.reader(log.open()))[-1][2])  # seconds column runs on
     f = log.open("w" if new else "a", newline="")
     w = csv.writer(f)
     if new:
@@ -67,13 +68,21 @@ def train(net: UNet, params, images: str, steps: int, lr: float, log: Path, scal
         opt.step()
         sched.step()
         if step % 10 == 0:
-            w.writerow([resume_step + step, f"{loss.item():.5f}", f"{time.time() - start:.1f}"])
+            w.writerow([resume_step + step, f"{loss.item():.5f}", f"{before + time.time() - start:.1f}"])
             f.flush()
         if checkpoint is not None and step % 500 == 499:
             checkpoint()
         if step % 100 == 0:
             print(f"step {resume_step + step} loss {loss.item():.4f} {time.time() - start:.0f}s", flush=True)
     f.close()
+
+
+def last_logged_step(log: Path) -> int:
+    """The last step a loss log recorded (-10 when there is none), where a resumed run goes on."""
+    if not log.exists():
+        return -10
+    rows = list(csv.reader(log.open()))[1:]
+    return int(rows[-1][0]) if rows else -10
 
 
 def adapter_tensors(net: UNet, style: str) -> dict[str, torch.Tensor]:
@@ -104,16 +113,21 @@ def main() -> None:
     ap.add_argument("style", nargs="?")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the saved base model: a fresh schedule (warm-up, cosine) over --steps, "
+                         "a seed of its own, loss.csv appended from its last step")
     args = ap.parse_args()
     WEIGHTS.mkdir(exist_ok=True)
-    torch.manual_seed(SEED + (0 if args.what == "base" else {"sketch": 1, "ink": 2}[args.style]))
+    resume_step = last_logged_step(HERE / "loss.csv") + 10 if args.what == "base" and args.resume else 0
+    # A resumed stage draws other batches than the run it continues (seed + its first step).
+    torch.manual_seed(SEED + (0 if args.what == "base" else {"sketch": 1, "ink": 2}[args.style]) + resume_step)
     net = UNet()
     if args.what == "base":
         if args.resume:
             net.load_state_dict(load_file(WEIGHTS / "unet.safetensors"))
         save = lambda: save_file({k: v.contiguous() for k, v in net.state_dict().items()}, WEIGHTS / "unet.safetensors")
-        train(net, net.parameters(), "images.npy", args.steps, args.lr, HERE / "loss.csv", checkpoint=save)
+        train(net, net.parameters(), "images.npy", args.steps, args.lr, HERE / "loss.csv", resume_step=resume_step,
+              checkpoint=save)
         save()
     else:
         net.load_state_dict(load_file(WEIGHTS / "unet.safetensors"))
