@@ -227,9 +227,10 @@ def timed(call, *args) -> tuple[float, list[np.ndarray]]:
     return time.perf_counter() - start, out
 
 
-def profile(threads: int, size: int, repeats: int) -> None:
-    """Per-kernel time of the `generate` stage on one image (CommandProgram.run's loop with a
-    clock around each launch), the illustrator registered in this process."""
+def profile(threads: int, size: int, repeats: int, batch: int = 1) -> None:
+    """Per-kernel time of the `generate` stage on `batch` images submitted at once (the service
+    batches them; CommandProgram.run's loop with a clock around each launch), the illustrator
+    registered in this process."""
     os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
     from loomc.run import dispatch
     from loomrt.inference import illustrate
@@ -252,15 +253,21 @@ def profile(threads: int, size: int, repeats: int) -> None:
         return {name: buf.copy() for name, buf in plan.results.items()}
 
     options = {"prompt": "a picture of a fox face", "seed": 0, "loras": [], "width": size, "height": size}
+
+    def images(first_seed: int) -> None:
+        pending = [illustrate(registry, reg.name, {**options, "seed": first_seed + i}) for i in range(batch)]
+        for p in pending:
+            p.future.result(1200)
+
     try:
-        illustrate(registry, reg.name, options).future.result(1200)          # warm-up: loads every kernel
+        images(0)          # warm-up: loads every kernel
         dispatch.CommandProgram.run = run
         whole = []
         for r in range(repeats):
             time.sleep(0.3)
             t = time.perf_counter()
-            illustrate(registry, reg.name, {**options, "seed": r + 1}).future.result(1200)
-            whole.append(time.perf_counter() - t)
+            images(batch * (r + 1))
+            whole.append((time.perf_counter() - t) / batch)
     finally:
         dispatch.CommandProgram.run = original
         registry.close()
@@ -269,16 +276,17 @@ def profile(threads: int, size: int, repeats: int) -> None:
         for name, seconds in record:
             totals[name][0] += seconds
             totals[name][1] += 1
-    kernels = sum(t for t, _ in totals.values()) / repeats
-    print(f"profile: generate, 1 image {size} x {size}, {repeats} calls: {statistics.median(whole) * 1e3:.0f} ms per "
-          f"image (median, in process, no HTTP/PNG), {kernels * 1e3:.0f} ms of it in kernels (mean)")
-    print(f"{'share':>6}  {'kernel':<36} {'calls/image':>11} {'ms/launch':>10}")
+    kernels = sum(t for t, _ in totals.values()) / repeats / batch
+    print(f"profile: generate, {batch} image(s) of {size} x {size} at once, {repeats} times: "
+          f"{statistics.median(whole) * 1e3:.0f} ms per image (median, in process, no HTTP/PNG), "
+          f"{kernels * 1e3:.0f} ms of it in kernels (mean; the service may split a batch into several calls)")
+    print(f"{'share':>6}  {'kernel':<36} {'launches/image':>14} {'ms/launch':>10}")
     for name, (seconds, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:25]:
-        print(f"{seconds / repeats / kernels:6.1%}  {name.removeprefix('k_'):<36} {n / repeats:11.0f} "
+        print(f"{seconds / repeats / batch / kernels:6.1%}  {name.removeprefix('k_'):<36} {n / repeats / batch:14.1f} "
               f"{seconds / n * 1e3:10.3f}")
     if len(totals) > 25:
         rest = sorted(totals.values(), key=lambda v: -v[0])[25:]
-        print(f"{sum(v[0] for v in rest) / repeats / kernels:6.1%}  ({len(rest)} other kernels)")
+        print(f"{sum(v[0] for v in rest) / repeats / batch / kernels:6.1%}  ({len(rest)} other kernels)")
 
 
 def main() -> None:
@@ -287,6 +295,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="square sides, comma-separated")
     parser.add_argument("--profile", action="store_true", help="then time generate's kernels (in process, 64 x 64)")
+    parser.add_argument("--profile-batch", type=int, default=1, help="images the profile submits at once")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     loom = Loom(args.threads)
@@ -341,7 +350,7 @@ def main() -> None:
                      | {"first_request_s": {f"{s}x{s}": round(t, 1) for s, t in first.items()},
                         "ready_s": round(loom.ready_s)}))
     if args.profile:
-        profile(args.threads, 64, args.repeats)
+        profile(args.threads, 64, args.repeats, args.profile_batch)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,12 @@ def simd_class() -> str:
 
 
 def describe() -> str:
-    """One line: CPU model, SIMD class and flags, core count, and any numba CPU override."""
+    """One line: CPU model, SIMD class and flags, core count, numba's threading layer (launches
+    from several threads cost 10x more on OpenMP: loomc/lower/numba_threads.py) and any numba
+    CPU override."""
+    from loomc.lower.numba_threads import library_path
+
     override = os.environ.get("NUMBA_CPU_NAME")
-    line = f"{cpu_model()}; {simd_class()} ({' '.join(simd_flags())}); {os.cpu_count()} cores"
+    layer = "tbb" if library_path() is not None else "not tbb (the tbb package is missing)"
+    line = f"{cpu_model()}; {simd_class()} ({' '.join(simd_flags())}); {os.cpu_count()} cores; threading layer {layer}"
     return line + (f"; numba targets {override} (NUMBA_CPU_NAME)" if override else "")

@@ -46,7 +46,10 @@ from loomc.ir import module as ir
 from loomc.lower.render import TargetRenderer
 from loomc.ir.interpret import to_dtype
 from loomc.lower.numba_helpers import IMPORTS, helpers_for
+from loomc.lower.numba_threads import use_tbb
 from loomc.lower.scalars import add, mul
+
+use_tbb()   # before numba's first parallel launch: its threading layer is chosen once
 
 LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the body has no loop
 SERIAL_LIGHT_CHUNKS = 64  # a light parallel loop of at most this many chunks (4096 elements) runs serially

@@ -45,9 +45,10 @@ def rand(rng, *shape, scale=1.0):
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (17, 33, 6), (16, 64, 13), (33, 5, 7), (2, 130, 12),
-                                     (18, 400, 14), (37, 20, 20), (20, 30, 37)])
+                                     (18, 400, 14), (37, 20, 20), (20, 30, 37), (20, 130, 37)])
 # (18, 400, 14): k in two packed slices; more rows of a than of b (17 x 6, 33 x 7, 37 x 20: a
-# partial last block of a and two panels of b) swaps the roles, (20, 30, 37) does not
+# partial last block of a and two panels of b) swaps the roles, and so does a short k (20, 30, 37);
+# (20, 130, 37) does not
 def test_each_element_is_the_exact_fma_chain(product, rng, m, k, n):
     a, b = rand(rng, m, k), rand(rng, n, k)
     np.testing.assert_array_equal(product(a, b), fma_chain(a, b))
@@ -60,7 +61,7 @@ def programs():
     return {name: compile_command(checked, name) for name in ("product_f16", "batched")}
 
 
-@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (5, 33, 7), (17, 64, 13), (20, 64, 150)])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (5, 33, 7), (17, 64, 13), (20, 64, 150), (20, 130, 150)])
 def test_f16_weights_give_the_chain_of_their_exact_f32_values(programs, rng, m, k, n):
     a, b = rand(rng, m, k), rand(rng, n, k).astype(np.float16)
     got = programs["product_f16"].run({}, {}, {"a": a, "b": b})["c"]

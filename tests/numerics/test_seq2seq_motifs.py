@@ -32,6 +32,19 @@ def test_encoder_attention_as_split_bmm_softmax_merge(kernel, rng):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
 
 
+def test_merge_heads_writes_every_element(kernel, rng):
+    # columns past heads * E and heads past the last group are zeros, whatever y held
+    heads, s_len, e = 3, 5, 4
+    o = rng.standard_normal((2 * heads - 1, s_len, e)).astype(np.float32)   # the second row block lacks a head
+    y = np.full((2 * s_len, heads * e + 3), np.nan, np.float32)
+    kernel("merge_heads")(o, heads, y)
+    want = np.zeros_like(y)
+    for g in range(2 * heads - 1):
+        b, h = divmod(g, heads)
+        want[b * s_len:(b + 1) * s_len, h * e:(h + 1) * e] = o[g]
+    np.testing.assert_array_equal(y, want)
+
+
 def test_softmax_exp_is_within_a_few_ulp(kernel, rng):
     s = (rng.standard_normal((2, 3, 301)) * 30).astype(np.float32)
     got = s.copy()

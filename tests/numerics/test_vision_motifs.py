@@ -138,36 +138,3 @@ def test_pool_grid_is_the_mean_of_each_block(kernel, rng, k, grid):
     assert np.array_equal(one, pooled[side * side:2 * side * side])   # an image alone: the same bits
 
 
-def attention_reference(qkv: np.ndarray, images: int, heads: int, scale: float) -> np.ndarray:
-    """softmax(q . k^T * scale) . v per image and head, float64."""
-    tokens, width = qkv.shape
-    d = width // 3
-    hd = d // heads
-    x = qkv.astype(np.float64).reshape(images, tokens // images, 3, heads, hd)
-    q, k, v = x[:, :, 0], x[:, :, 1], x[:, :, 2]                  # [B, L, H, E]
-    s = np.einsum("blhe,bmhe->bhlm", q, k) * scale
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("bhlm,bmhe->blhe", p, v).reshape(tokens, d)
-
-
-@pytest.mark.parametrize("images, length, heads, head_dim", [(1, 1, 1, 3), (2, 7, 3, 5), (3, 17, 2, 16)])
-def test_image_attention_is_softmax_attention_within_each_image(kernel, rng, images, length, heads, head_dim):
-    d = heads * head_dim
-    qkv = rng.standard_normal((images * length, 3 * d)).astype(np.float32)
-    scale = np.float32(head_dim ** -0.5)
-    kt = np.zeros((images, heads, head_dim, length), np.float32)
-    kernel("keys_by_head")(qkv, kt)
-    k = qkv[:, d:2 * d].reshape(images, length, heads, head_dim)
-    np.testing.assert_array_equal(kt, k.transpose(0, 2, 3, 1))
-    out = np.full((images * length, d), 7.0, np.float32)
-    kernel("image_attention")(qkv, kt, scale, out)
-    want = attention_reference(qkv, images, heads, float(scale))
-    np.testing.assert_allclose(out, want, rtol=0, atol=2e-6 * np.abs(want).max())
-    # an image alone gives the bits it gives in the batch
-    last = slice((images - 1) * length, images * length)
-    alone_kt = np.zeros((1, heads, head_dim, length), np.float32)
-    kernel("keys_by_head")(np.ascontiguousarray(qkv[last]), alone_kt)
-    alone = np.zeros((length, d), np.float32)
-    kernel("image_attention")(np.ascontiguousarray(qkv[last]), alone_kt, scale, alone)
-    np.testing.assert_array_equal(alone, out[last])
