@@ -129,3 +129,24 @@ def test_argmax_suppressed(kernel, rng):
     masked[:, 7] = -np.inf
     masked[1, 4] = -np.inf
     np.testing.assert_array_equal(nxt, masked.argmax(axis=1))
+
+
+def test_matvec_over_row_blocks_gives_the_bits_of_matmul_f16(kernel, rng):
+    # every output one fma chain over k from +0.0, whatever the number of rows (whole groups of
+    # 4, a remainder of 1-3) and past the last whole block of 32 outputs
+    from loomc.lower import matmul
+
+    k_dim, n = 45, 70
+    w = rng.standard_normal((n, k_dim)).astype(np.float16)
+    nb = -(-n // 32)
+    wb = np.zeros((nb, k_dim, 32), np.float16)
+    kernel("block_rows_f16")(w, wb)
+    gemm = matmul.load_function("matmul_f16")
+    for rows in (1, 2, 3, 4, 5, 7, 8):
+        x = rng.standard_normal((rows, k_dim)).astype(np.float32)
+        y = np.full((rows, n), np.nan, np.float32)
+        kernel("matvec_f16b")(x, wb, y)
+        want = np.zeros((1, rows, n), np.float32)
+        gemm(x[None], w.view(np.uint16)[None], want,
+             np.zeros(max(matmul.workspace_elems("matmul_f16", 1, rows, k_dim, n), 1), np.float32))
+        np.testing.assert_array_equal(y, want[0])
