@@ -95,10 +95,11 @@ MOTIFS = {"matmul": ("f32", False), "matmul_f16": ("f16", False), "bmm": ("f32",
 
 def swapped(m: int, k: int, n: int) -> bool:
     """Whether a call runs with the roles swapped (b packed, a read in place; the driver
-    decides the same). Always when a has more rows than b; and when k is short, since then
-    the store of each tile is a large part of its work, and only the swapped tile stores
-    rows of c as whole vectors (attention scores, q . k^T over 32-64 features: 125 -> N GFLOP/s)."""
-    return n <= SWAP_N and m > PANEL_ROWS and (m > n or k <= SHORT_K)
+    decides the same). When a has more rows than b and b at most SWAP_N; and, whatever b's
+    rows, when k is short: then the store of each tile is a large part of its work, and only
+    the swapped tile stores rows of c as whole vectors (attention scores, q . k^T over 64
+    features: 48 x 257 . 257 125 -> 159 GFLOP/s, 12 x 1500 . 1500 131 -> 147 GFLOP/s)."""
+    return m > PANEL_ROWS and ((m > n and n <= SWAP_N) or k <= SHORT_K)
 
 
 def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
@@ -255,11 +256,13 @@ def FUNCTION(a, b, c, ws):
     chunks = (blocks + per_chunk - 1) // per_chunk
     per_chunk = (blocks + chunks - 1) // chunks   # chunks of even size (72 blocks: 36 + 36, not 42 + 30)
     b_flat = b.reshape(-1)
-    if N <= SWAP_N and M > MR and (M > N or K <= SHORT_K):   # `swapped`
-        # Many rows of a, few of b (a convolution's columns): the roles swap. b is packed
-        # once, in panels of MR rows, as the vector side; a's rows are read in place as the
-        # broadcast side, NR at a time (the last partial block from a zero-padded copy), so
-        # the large operand is never copied. Same chains: c[m, n] over k in order from +0.0.
+    if M > MR and ((M > N and N <= SWAP_N) or K <= SHORT_K):   # `swapped`
+        # Many rows of a, few of b (a convolution's columns), or a short k: the roles swap.
+        # b is packed once, in panels of MR rows, as the vector side; a's rows are read in
+        # place as the broadcast side, NR at a time (the last partial block from a zero-padded
+        # copy), so the large operand is never copied. A task's accumulators cover at most
+        # SWAP_N rows of b: more run as several passes over the same rows of a, each over all
+        # of k. Same chains: c[m, n] over k in order from +0.0.
         bpan = (N + MR - 1) // MR
         ablocks = (M + NR - 1) // NR
         packed_b = G * bpan * K * MR
@@ -275,23 +278,46 @@ def FUNCTION(a, b, c, ws):
             g = task // ablocks
             m0 = (task - g * ablocks) * NR
             acc = carray(_lm_alloca(SWAP_ACC_ELEMS, np.float32), (SWAP_ACC_ELEMS,))
-            for i in range(bpan * NR * MR):
-                acc[i] = np.float32(0.0)
-            for s in range(slices):
-                k0 = s * kc
-                kn = min(kc, K - k0)
-                if m0 + NR <= M:
-                    src = a_flat
-                    off = (g * M + m0) * K + k0
-                else:
-                    src = ws
-                    off = packed_b + g * NR * K + k0
+            if bpan <= SWAP_PANELS:
+                # one pass (the common case, kept as its own loop: the passes' loop nest made
+                # LLVM's code for it 25% slower)
+                for i in range(bpan * NR * MR):
+                    acc[i] = np.float32(0.0)
+                for s in range(slices):
+                    k0 = s * kc
+                    kn = min(kc, K - k0)
+                    if m0 + NR <= M:
+                        src = a_flat
+                        off = (g * M + m0) * K + k0
+                    else:
+                        src = ws
+                        off = packed_b + g * NR * K + k0
+                    for p in range(bpan):
+                        _lm_gemm_tile(ws, ((g * bpan + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:])
                 for p in range(bpan):
-                    _lm_gemm_tile(ws, ((g * bpan + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:])
-            for p in range(bpan):
-                for j in range(min(NR, M - m0)):
-                    for i in range(min(MR, N - p * MR)):
-                        c[g, m0 + j, p * MR + i] = acc[(p * NR + j) * MR + i]
+                    for j in range(min(NR, M - m0)):
+                        for i in range(min(MR, N - p * MR)):
+                            c[g, m0 + j, p * MR + i] = acc[(p * NR + j) * MR + i]
+                continue
+            for p0 in range(0, bpan, SWAP_PANELS):
+                pn = min(SWAP_PANELS, bpan - p0)
+                for i in range(pn * NR * MR):
+                    acc[i] = np.float32(0.0)
+                for s in range(slices):
+                    k0 = s * kc
+                    kn = min(kc, K - k0)
+                    if m0 + NR <= M:
+                        src = a_flat
+                        off = (g * M + m0) * K + k0
+                    else:
+                        src = ws
+                        off = packed_b + g * NR * K + k0
+                    for p in range(pn):
+                        _lm_gemm_tile(ws, ((g * bpan + p0 + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:])
+                for p in range(pn):
+                    for j in range(min(NR, M - m0)):
+                        for i in range(min(MR, N - (p0 + p) * MR)):
+                            c[g, m0 + j, (p0 + p) * MR + i] = acc[(p * NR + j) * MR + i]
         return
     SETUP_B
     prepack = chunks > 1 or kc > KC
@@ -402,7 +428,7 @@ def render_module(motif: str = "matmul") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: c[g, m, n] = fma chain over k of a[g, m, k] * b[g, n, k] "
               f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tile {PANEL_ROWS} x {TILE_COLS}\n")
-    constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nKC = {K_SLICE}\nTASKS = {TASKS}\nACC_BLOCKS = {ACC_BLOCKS}\nSWAP_N = {SWAP_N}\nSHORT_K = {SHORT_K}\n"
+    constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nKC = {K_SLICE}\nTASKS = {TASKS}\nACC_BLOCKS = {ACC_BLOCKS}\nSWAP_N = {SWAP_N}\nSHORT_K = {SHORT_K}\nSWAP_PANELS = {-(-SWAP_N // PANEL_ROWS)}\n"
     setup, prepare, block = _B_SOURCES[b_dtype]
     driver = (_DRIVER.replace("FUNCTION", function_name(motif)).replace("SETUP_B", setup).replace("PREPARE_B", prepare)
               .replace("SWAP_ACC_ELEMS", str(-(-SWAP_N // PANEL_ROWS) * TILE_COLS * PANEL_ROWS))

@@ -45,10 +45,11 @@ def rand(rng, *shape, scale=1.0):
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 7, 5), (17, 33, 6), (16, 64, 13), (33, 5, 7), (2, 130, 12),
-                                     (18, 400, 14), (37, 20, 20), (20, 30, 37), (20, 130, 37)])
+                                     (18, 400, 14), (37, 20, 20), (20, 30, 37), (20, 130, 37), (21, 50, 600)])
 # (18, 400, 14): k in two packed slices; more rows of a than of b (17 x 6, 33 x 7, 37 x 20: a
-# partial last block of a and two panels of b) swaps the roles, and so does a short k (20, 30, 37);
-# (20, 130, 37) does not
+# partial last block of a and two panels of b) swaps the roles, and so does a short k (20, 30, 37;
+# 21 x 600: more rows of b than one pass of accumulators holds, so two passes); (20, 130, 37)
+# does not
 def test_each_element_is_the_exact_fma_chain(product, rng, m, k, n):
     a, b = rand(rng, m, k), rand(rng, n, k)
     np.testing.assert_array_equal(product(a, b), fma_chain(a, b))
