@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from text import LoomText  # noqa: E402
 
-from loomrt import dispatch  # noqa: E402
+from loomc.run import dispatch  # noqa: E402
 
 
 def timed_run(steps: list[list[tuple[str, float]]]):
