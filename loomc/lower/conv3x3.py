@@ -117,6 +117,30 @@ def render_module(motif: str = "conv3x3") -> str:
     return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + copies + "\n" + driver
 
 
+def workspace_for(motif: str, x_dims: list[int], w_dims: list[int], bias_dims: list[int], y_dims: list[int]) -> int:
+    """`workspace_elems` from the operands' dimensions, as a command dispatches them."""
+    return workspace_elems(*w_dims)
+
+
+def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
+    """The driver's arguments for a dispatch's operands, after the checks the motif's
+    signature cannot make (K = 9 C and the output rows depend on its scalars); ValueError
+    when they fail."""
+    x, w, bias, height, width, stride, y = values
+    height, width, stride = int(height), int(width), int(stride)
+    t, c = x.shape
+    o, k = w.shape
+    if height < 1 or width < 1 or stride < 1 or t % (height * width):
+        raise ValueError(f"{t} rows are not whole {height} x {width} images (stride {stride})")
+    oh, ow = (height - 1) // stride + 1, (width - 1) // stride + 1
+    if k != 9 * c or y.shape != (t // (height * width) * oh * ow, o):
+        raise ValueError(f"x {x.shape}, w {w.shape}, y {y.shape} do not make a 3x3 convolution "
+                         f"of {height} x {width} images with stride {stride}")
+    if c > MAX_CHANNELS or o > matmul.SWAP_N:
+        raise ValueError(f"{c} input and {o} output channels; the motif takes at most {MAX_CHANNELS} and {matmul.SWAP_N}")
+    return x, w, bias, y, height, width, stride, workspace
+
+
 def argument_examples(motif: str = "conv3x3") -> tuple:
     """One value of each argument's exact type as dispatch passes them, for compiling ahead."""
     return (np.zeros((1, 1), np.float32), np.zeros((1, 9), np.float32), np.zeros(1, np.float32),

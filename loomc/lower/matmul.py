@@ -441,6 +441,29 @@ def render_module(motif: str = "matmul") -> str:
     return header + IMPORTS + "\n" + constants + "\n" + helpers + TILE_SOURCE + copies + "\n" + driver
 
 
+def groups_rows_depth(shape) -> tuple[int, int, int]:
+    """(groups, rows, depth) of a motif's `a`: [M, K] is one group, [G, M, K] G groups."""
+    return (1, *shape) if len(shape) == 2 else tuple(shape)
+
+
+def workspace_for(motif: str, a_dims: list[int], b_dims: list[int], c_dims: list[int]) -> int:
+    """`workspace_elems` from the operands' dimensions, as a command dispatches them."""
+    return workspace_elems(motif, *groups_rows_depth(a_dims), b_dims[-2])
+
+
+def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
+    """The driver's arguments for a dispatch's operands (a, b, c with their group dimension in
+    front; f16 b as its bits); ValueError when the shapes do not make c = a . b^T."""
+    a, b, c = values
+    g, m, k = groups_rows_depth(a.shape)
+    n = b.shape[-2]
+    if b.shape[-1] != k or b.shape[:-2] != a.shape[:-2] or c.shape != a.shape[:-2] + (m, n):
+        raise ValueError(f"a {a.shape}, b {b.shape}, c {c.shape} do not make c = a . b^T")
+    if b.dtype == np.float16:
+        b = b.view(np.uint16)  # f16 weights reach the motif as their bits
+    return a.reshape(g, m, k), b.reshape(g, n, k), c.reshape(g, m, n), workspace
+
+
 def argument_examples(motif: str = "matmul") -> tuple:
     """One value of each argument's exact type as dispatch passes them (a, b, c with their group
     dimension in front; f16 b as its uint16 bits; the f32 workspace), for compiling ahead."""

@@ -7,7 +7,8 @@ from types import ModuleType
 
 def lowering_of(motif: str) -> ModuleType:
     """loomc/lower/conv3x3.py for `conv3x3`, loomc/lower/matmul.py for the matmul family: each
-    has `load_function(motif, cache_dir)` and `argument_examples(motif)`."""
+    has `load_function(motif, cache_dir)`, `argument_examples(motif)`, and for dispatch
+    `workspace_for(motif, *operand_dims)` and `launch_arguments(motif, values, workspace)`."""
     from loomc.lower import conv3x3, matmul
 
     return conv3x3 if motif in conv3x3.MOTIFS else matmul

@@ -28,7 +28,7 @@ import numpy as np
 from loomc.check.shapes import Dim
 from loomc.ir import interpret
 from loomc.ir import module as ir
-from loomc.lower import conv3x3, matmul
+from loomc.lower.motifs import lowering_of
 from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, refs_arguments
 from loomc.run.errors import BindingError, DispatchError, StageInputError
 from loomc.run.launch import HOST_DTYPES, HOST_STORAGE, KernelLauncher, logical_dim, storage_shape
@@ -37,11 +37,6 @@ ARENA_ALIGN = 64
 MAX_SHAPE_PLANS = 8
 
 
-
-
-def _groups_rows_depth(shape) -> tuple[int, int, int]:
-    """(groups, rows, depth) of a motif's `a`: [M, K] is one group, [G, M, K] G groups."""
-    return (1, *shape) if len(shape) == 2 else tuple(shape)
 
 
 def dim_value(d: Dim, env: Mapping[str, int]) -> int:
@@ -175,29 +170,8 @@ class ShapePlan:
 
     def motif_workspace(self, d: Dispatch) -> int:
         """f32 elements of the workspace motif dispatch `d` wants at this plan's dimensions."""
-        if d.callee in conv3x3.MOTIFS:
-            out_channels, depth = (dim_value(x, self.env) for x in d.operands[1].dims)
-            return conv3x3.workspace_elems(out_channels, depth)
-        return matmul.workspace_elems(d.callee, *_groups_rows_depth([dim_value(x, self.env) for x in d.operands[0].dims]),
-                                      dim_value(d.operands[1].dims[-2], self.env))
-
-    def conv_arguments(self, dispatch: Dispatch, values: list[Any]) -> tuple:
-        """The conv3x3 motif's launch arguments, after the checks its signature cannot make."""
-        x, w, bias, height, width, stride, y = values
-        height, width, stride = int(height), int(width), int(stride)
-        t, c = x.shape
-        o, k = w.shape
-        where = f"{dispatch.callee} at {dispatch.source.path}:{dispatch.source.line}"
-        if height < 1 or width < 1 or stride < 1 or t % (height * width):
-            raise DispatchError(f"{where}: {t} rows are not whole {height} x {width} images (stride {stride})")
-        oh, ow = (height - 1) // stride + 1, (width - 1) // stride + 1
-        if k != 9 * c or y.shape != (t // (height * width) * oh * ow, o):
-            raise DispatchError(f"{where}: x {x.shape}, w {w.shape}, y {y.shape} do not make a 3x3 convolution "
-                                f"of {height} x {width} images with stride {stride}")
-        if c > conv3x3.MAX_CHANNELS or o > matmul.SWAP_N:
-            raise DispatchError(f"{where}: {c} input and {o} output channels; the motif takes at most "
-                                f"{conv3x3.MAX_CHANNELS} and {matmul.SWAP_N}")
-        return (x, w, bias, y, height, width, stride, self.workspace)
+        dims = [[dim_value(x, self.env) for x in o.dims] for o in d.operands if isinstance(o, TensorRef)]
+        return lowering_of(d.callee).workspace_for(d.callee, *dims)
 
     def operand_values(self, bound: _Bound, dispatch: Dispatch, scalars: Mapping[str, Any]) -> list[Any]:
         return [self.array(bound, o, scalars) if isinstance(o, TensorRef) else interpret.evaluate(o, scalars)
@@ -205,19 +179,12 @@ class ShapePlan:
 
     def build_all(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch, scalars) -> list[tuple]:
         values = self.operand_values(bound, dispatch, scalars)
-        if dispatch.kind == "motif" and dispatch.callee in conv3x3.MOTIFS:
-            return [(program.launchers[dispatch.callee], self.conv_arguments(dispatch, values))]
         if dispatch.kind == "motif":
-            a, b, c = values
-            g, m, k = _groups_rows_depth(a.shape)
-            n = b.shape[-2]
-            if b.shape[-1] != k or b.shape[:-2] != a.shape[:-2] or c.shape != a.shape[:-2] + (m, n):
-                raise DispatchError(f"{dispatch.callee} at {dispatch.source.path}:{dispatch.source.line}: a {a.shape}, "
-                                    f"b {b.shape}, c {c.shape} do not make c = a . b^T")
-            if b.dtype == np.float16:
-                b = b.view(np.uint16)  # f16 weights reach the motif as their bits
-            return [(program.launchers[dispatch.callee], (a.reshape(g, m, k), b.reshape(g, n, k),
-                                                          c.reshape(g, m, n), self.workspace))]
+            try:
+                args = lowering_of(dispatch.callee).launch_arguments(dispatch.callee, values, self.workspace)
+            except ValueError as e:   # shapes its signature cannot check
+                raise DispatchError(f"{dispatch.callee} at {dispatch.source.path}:{dispatch.source.line}: {e}") from None
+            return [(program.launchers[dispatch.callee], args)]
         launcher: KernelLauncher = program.launchers[dispatch.callee]
         args = launcher.bind(*values)
         return [(f, args) for f in launcher.functions]
