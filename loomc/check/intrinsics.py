@@ -18,13 +18,14 @@ KERNEL_MATH: dict[str, tuple[str, int]] = {
 }
 
 # Command motifs provided by the compiler as intrinsics (`matmul`, `matmul_f16`, `bmm`: loomc/lower/matmul.py;
-# `conv3x3`: loomc/lower/conv3x3.py), declared in `.loom` signature syntax so shapes are checked exactly
+# `conv3x3`: loomc/lower/conv3x3.py; `attention`: loomc/lower/attention.py), declared in `.loom` signature syntax so shapes are checked exactly
 # like calls to `.loom` kernels (conv3x3's K = 9 C and TO, which depend on its scalars, at dispatch).
 COMMAND_MOTIFS_SOURCE = """
 stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
 stage matmul_f16(a: f32[M, K], b: f16[N, K], out c: f32[M, N])
 stage bmm(a: f32[G, M, K], b: f32[G, N, K], out c: f32[G, M, N])
 stage conv3x3(x: f32[T, C], w: f32[O, K], bias: f32[O], height: i64, width: i64, stride: i64, out y: f32[TO, O])
+stage attention(q: f32[G, M, E], k: f32[G, N, E], vt: f32[G, E, N], scale: f32, out o: f32[G, M, E])
 """
 
 # Control host functions: name -> (parameter types, result type). "any" accepts every value.

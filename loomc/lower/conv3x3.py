@@ -91,7 +91,7 @@ def k_conv3x3(x, w, bias, y, height, width, stride, ws):
                 off = 0
                 ld = C
             for p in range(bpan):
-                _lm_gemm_tile(ws, (p * K + tap * C) * MR, src, off, ld, C, acc[p * NR * MR:])
+                _lm_gemm_tile(ws, (p * K + tap * C) * MR, src, off, ld, C, acc[p * NR * MR:], MR)
         for p in range(bpan):
             for j in range(rows):
                 for i in range(min(MR, O - p * MR)):

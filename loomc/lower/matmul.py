@@ -126,8 +126,8 @@ def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
 
 TILE_SOURCE = '''
 @intrinsic
-def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t):
-    # t[j * MR + i] = fma chain over k < kn of ap[a_off + k * MR + i] * b[b_off + j * ldb + k],
+def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t, ldt):
+    # t[j * ldt + i] = fma chain over k < kn of ap[a_off + k * MR + i] * b[b_off + j * ldb + k],
     # continuing from the values in t: NR accumulators of <MR x f32> held in registers. The
     # main loop takes UNROLL steps of k per iteration, the tail loop one; both apply the
     # steps in increasing k, so the chain is the same whatever kn is.
@@ -137,7 +137,7 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t):
     def codegen(context, builder, sig, args):
         from llvmlite import ir as llir
 
-        ap_v, a_off_v, b_v, b_off_v, ldb_v, kn_v, t_v = args
+        ap_v, a_off_v, b_v, b_off_v, ldb_v, kn_v, t_v, ldt_v = args
         f32 = llir.FloatType()
         i32 = llir.IntType(32)
         i64 = llir.IntType(64)
@@ -194,14 +194,15 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t):
                 out.add_incoming(acc, body)
             return k_out, outs
 
-        start = [builder.load(vptr(t_p, llir.Constant(i64, j * MR)), align=4) for j in range(NR)]
+        t_rows = [builder.mul(ldt_v, llir.Constant(i64, j)) for j in range(NR)]
+        start = [builder.load(vptr(t_p, t_rows[j]), align=4) for j in range(NR)]
         k, accs = counted_loop("tile.main", llir.Constant(i64, 0), start, UNROLL, kn_v)
         _, accs = counted_loop("tile.tail", k, accs, 1, kn_v)
         for j, acc in enumerate(accs):
-            builder.store(acc, vptr(t_p, llir.Constant(i64, j * MR)), align=4)
+            builder.store(acc, vptr(t_p, t_rows[j]), align=4)
         return context.get_dummy_value()
 
-    return types.none(ap, a_off, b, b_off, ldb, kn, t), codegen
+    return types.none(ap, a_off, b, b_off, ldb, kn, t, ldt), codegen
 '''
 
 # The copies every driver makes, one template each (rendered per source dtype): a panel of MR
@@ -293,7 +294,7 @@ def FUNCTION(a, b, c, ws):
                         src = ws
                         off = packed_b + g * NR * K + k0
                     for p in range(bpan):
-                        _lm_gemm_tile(ws, ((g * bpan + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:])
+                        _lm_gemm_tile(ws, ((g * bpan + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:], MR)
                 for p in range(bpan):
                     for j in range(min(NR, M - m0)):
                         for i in range(min(MR, N - p * MR)):
@@ -313,7 +314,7 @@ def FUNCTION(a, b, c, ws):
                         src = ws
                         off = packed_b + g * NR * K + k0
                     for p in range(pn):
-                        _lm_gemm_tile(ws, ((g * bpan + p0 + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:])
+                        _lm_gemm_tile(ws, ((g * bpan + p0 + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:], MR)
                 for p in range(pn):
                     for j in range(min(NR, M - m0)):
                         for i in range(min(MR, N - (p0 + p) * MR)):
@@ -359,7 +360,7 @@ def FUNCTION(a, b, c, ws):
             for q in range(count):
                 n0 = (first + q) * NR
                 BLOCK_OF_B
-                _lm_gemm_tile(ap, a_off, src, off, ld, kn, acc[q * NR * MR:])
+                _lm_gemm_tile(ap, a_off, src, off, ld, kn, acc[q * NR * MR:], MR)
         for q in range(count):
             n0 = (first + q) * NR
             for i in range(rows):

@@ -6,9 +6,13 @@ from types import ModuleType
 
 
 def lowering_of(motif: str) -> ModuleType:
-    """loomc/lower/conv3x3.py for `conv3x3`, loomc/lower/matmul.py for the matmul family: each
+    """loomc/lower/conv3x3.py for `conv3x3`, loomc/lower/attention.py for `attention`,
+    loomc/lower/matmul.py for the matmul family: each
     has `load_function(motif, cache_dir)`, `argument_examples(motif)`, and for dispatch
     `workspace_for(motif, *operand_dims)` and `launch_arguments(motif, values, workspace)`."""
-    from loomc.lower import conv3x3, matmul
+    from loomc.lower import attention, conv3x3, matmul
 
-    return conv3x3 if motif in conv3x3.MOTIFS else matmul
+    for module in (conv3x3, attention):
+        if motif in module.MOTIFS:
+            return module
+    return matmul

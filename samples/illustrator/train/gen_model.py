@@ -24,7 +24,7 @@ use "text.loom" { encode_prompts }
 use "std:unet.loom" { group_norm_stats, group_norm_apply, group_norm_apply_silu, group_norm_apply_film_silu, upsample_nearest2x, concat_channels, lora_conv_add, timestep_embedding, gaussian_noise, fill, repeat_rows, with_null_rows, cfg_euler_step, to_pixels, map_rows }
 use "std:encoders.loom" { bias_add }
 use "std:activations.loom" { silu, residual_add }
-use "std:seq2seq.loom" { split_heads, softmax_scaled, merge_heads }
+use "std:seq2seq.loom" { split_heads, merge_heads }
 
 // One UNet evaluation: the velocity v of latents x (2B images) under conditioning c
 // (time and text, one row per image), the prompts' layout maps at quarter resolution and
@@ -156,14 +156,14 @@ an = named_var("attn_in", 2, "c2"); qkv = named_var("attn_qkv", 2, "3 * c2"); at
 heads_dims = "B2 * unet_heads, (height / 4) * (width / 4)"
 named += [("attn_q", f"{heads_dims}, c2 / unet_heads"), ("attn_k", f"{heads_dims}, c2 / unet_heads"),
           ("attn_vt", "B2 * unet_heads, c2 / unet_heads, (height / 4) * (width / 4)"),
-          ("attn_scores", f"{heads_dims}, (height / 4) * (width / 4)"), ("attn_heads", f"{heads_dims}, c2 / unet_heads")]
+          ("attn_heads", f"{heads_dims}, c2 / unet_heads")]
 body += ["    // Self-attention over the (h/4) x (w/4) tokens of each image, residual: one group of the",
-         "    // batched matmuls per (image, head).",
+         "    // `attention` motif per (image, head).",
          f"    group_norm_stats(m0, p2, groups, gn_eps, {stats('c2')})",
          f"    group_norm_apply(m0, {stats('c2')}, p2, attn_norm_w_u, attn_norm_b_u, {an})",
          f"    matmul({an}, attn_qkv_w, {qkv})", f"    bias_add({qkv}, attn_qkv_b)",
-         f"    split_heads({qkv}, unet_heads, attn_q, attn_k, attn_vt)", "    bmm(attn_q, attn_k, attn_scores)",
-         "    softmax_scaled(attn_scores, unet_attn_scale)", "    bmm(attn_scores, attn_vt, attn_heads)",
+         f"    split_heads({qkv}, unet_heads, attn_q, attn_k, attn_vt)",
+         "    attention(attn_q, attn_k, attn_vt, unet_attn_scale, attn_heads)",
          f"    merge_heads(attn_heads, unet_heads, {att})",
          f"    matmul({att}, attn_out_w, {ap})", f"    bias_add({ap}, attn_out_b)", f"    residual_add(m0, {ap})"]
 res("mid1", "m0", 2, m1)
