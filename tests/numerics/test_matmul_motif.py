@@ -80,6 +80,18 @@ def test_many_columns_split_into_chunks_of_b_keep_each_chain(product, rng):
     np.testing.assert_array_equal(whole[:, 999:], fma_chain(a, b[999:]))
 
 
+def test_swapped_blocks_of_a_grouped_per_task_keep_each_chain(product, rng):
+    # 1030 rows of a against 384 of b at k 700: the packed b (24 panels x 700) outgrows a chunk,
+    # so each task runs 4 blocks of a's rows over every slice of a panel (the last block partial)
+    from loomc.lower import matmul
+
+    m, k, n = 1030, 700, 384
+    assert matmul.swapped(m, k, n) and -(-n // matmul.PANEL_ROWS) * k * matmul.PANEL_ROWS > matmul.CHUNK_ELEMS
+    a, b = rand(rng, m, k), rand(rng, n, k)
+    rows = [0, 15, 16, 47, 63, 64, 500, 1023, 1024, 1029]
+    np.testing.assert_array_equal(product(a, b)[rows], fma_chain(a[rows], b))
+
+
 def test_f16_weights_widened_per_task_or_once_per_call_give_the_same_bits(rng, monkeypatch):
     # With room in the workspace the f16 weights are widened once per call; without (a weight
     # over WIDE_LIMIT), every task widens its blocks: the two paths compute the same chains.
