@@ -25,7 +25,7 @@ stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
 stage matmul_f16(a: f32[M, K], b: f16[N, K], out c: f32[M, N])
 stage bmm(a: f32[G, M, K], b: f32[G, N, K], out c: f32[G, M, N])
 stage conv3x3(x: f32[T, C], w: f32[O, K], bias: f32[O], height: i64, width: i64, stride: i64, out y: f32[TO, O])
-stage attention(q: f32[G, M, E], k: f32[G, N, E], vt: f32[G, E, N], scale: f32, out o: f32[G, M, E])
+stage attention(qkv: f32[T, C], heads: i64, tokens: i64, scale: f32, out y: f32[T, D])
 """
 
 # Control host functions: name -> (parameter types, result type). "any" accepts every value.

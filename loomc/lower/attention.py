@@ -1,22 +1,28 @@
-"""The attention motif on the cpu target: scores, softmax and values without writing the scores out.
+"""The attention motif on the cpu target: heads, scores, softmax and values in one call, no scores written.
 
-    attention(q: f32[G, M, E], k: f32[G, N, E], vt: f32[G, E, N], scale: f32, out o: f32[G, M, E])
+    attention(qkv: f32[T, C], heads: i64, tokens: i64, scale: f32, out y: f32[T, D])
 
-o is, bit for bit, what `bmm(q, k, s)`, std:seq2seq.loom's `softmax_scaled(s, scale)` and
-`bmm(s, vt, o)` compute: every score the matmul motif's one fma chain over e from +0.0, the
-softmax of `s * scale` with softmax_scaled's own operations in its order (the maximum, Cephes'
+qkv holds fused projections as std:seq2seq.loom's `split_heads` reads them: row b * S + s is
+token s of sequence b (S = tokens), its q, k and v side by side (C = 3 D), head h's E = D /
+heads features at h * E of each part. y is, bit for bit, what `split_heads(qkv, heads, q, k,
+vt)`, `bmm(q, k, s)`, `softmax_scaled(s, scale)`, `bmm(s, vt, o)` and `merge_heads(o, heads,
+y)` compute: every score the matmul motif's one fma chain over e from +0.0, the softmax of
+`s * scale` with softmax_scaled's own operations in its order (the maximum, Cephes'
 polynomial exp clamped at -87, the 32-lane sum and its fixed pairwise fold, one reciprocal),
-then every output element one fma chain over n from +0.0. Only where the scores live changes:
-the unfused calls wrote G x M x N floats (the recognizer's encoder, 12 x 1500 x 1500: 108 MB
-per layer), which the softmax read and wrote again and the second `bmm` read once more; here a
-task's 16 rows of scores (16 N floats) stay in its core's L2 from the first product to the last.
+then every output element one fma chain over keys from +0.0. Only where things live changes:
+the unfused calls copied q, k and v out per head and the output back, and wrote B x heads x S x
+S scores (the recognizer's encoder, 12 x 1500 x 1500: 108 MB per layer), which the softmax read
+and wrote again and the second `bmm` read once more; here a task's 16 rows of scores (16 S
+floats) stay in its core's L2 from the first product to the last.
 
-How it runs: the matmul motif's swapped tile (`loomc/lower/matmul.py`). k and vt are packed
-once per call into 16-row panels, the vector sides; a task takes (group, 16 rows of q), runs the
-score tiles with q's rows read in place as the broadcast side (the last partial block from a
+How it runs: the matmul motif's swapped tile (`loomc/lower/matmul.py`). Each (sequence, head)
+has its keys packed into 16-key panels and its values into 16-feature panels, once per call,
+the vector sides; a task takes (sequence, head, 16 queries), runs the score tiles with the
+queries read in place from qkv as the broadcast side (the last partial block from a
 zero-padded copy) storing 16 rows of scores side by side, softmaxes each row in place and runs
-the output tiles with those rows as the broadcast side, in slices of k that stay in L1.
-Limit (the dispatcher checks it, with the shapes): E <= MAX_HEAD_DIM.
+the output tiles with those rows as the broadcast side, in slices of keys that stay in L1.
+Checked at dispatch, with the shapes: C = 3 D, D a multiple of heads, T a multiple of tokens,
+E <= MAX_HEAD_DIM.
 """
 
 from __future__ import annotations
@@ -32,73 +38,107 @@ MOTIFS = {"attention"}
 MAX_HEAD_DIM = 256   # features per head: a task's output accumulators (16 rows of them) live on its stack
 
 
-def workspace_elems(groups: int, rows: int, keys: int, head_dim: int) -> int:
-    """f32 elements of the workspace one call wants: k packed in panels of 16 keys, vt packed in
-    panels of 16 features, then a zero-padded copy of each group's last partial block of q."""
+def workspace_elems(sequences: int, tokens: int, heads: int, head_dim: int) -> int:
+    """f32 elements of the workspace one call wants: per (sequence, head), the keys packed in
+    panels of 16 keys and the values in panels of 16 features; then a zero-padded copy of the
+    last partial block of 16 queries of each (sequence, head)."""
     mr, nr = matmul.PANEL_ROWS, matmul.TILE_COLS
-    packed_k = groups * -(-keys // mr) * head_dim * mr
-    packed_v = groups * -(-head_dim // mr) * keys * mr
-    return packed_k + packed_v + (groups * nr * head_dim if rows % nr else 0)
+    groups = sequences * heads
+    packed_k = groups * -(-tokens // mr) * head_dim * mr
+    packed_v = groups * -(-head_dim // mr) * tokens * mr
+    return packed_k + packed_v + (groups * nr * head_dim if tokens % nr else 0)
 
 
 _DRIVER = '''
+@njit(cache=True)
+def _lm_pack_keys(qkv, first, col, S, E, p, ws, base):
+    # ws[base + e * MR + i] = qkv[first + p * MR + i, col + e] (zeros past S): a panel of 16 keys
+    for e in range(E):
+        for i in range(MR):
+            n = p * MR + i
+            ws[np.uint64(base + e * MR + i)] = qkv[first + n, col + e] if n < S else np.float32(0.0)
+
+
+@njit(cache=True)
+def _lm_pack_values(qkv, first, col, S, E, p, ws, base):
+    # ws[base + n * MR + i] = qkv[first + n, col + p * MR + i] (zeros past E): a panel of 16 features
+    full = min(MR, E - p * MR)
+    for n in range(S):
+        for i in range(MR):
+            ws[np.uint64(base + n * MR + i)] = qkv[first + n, col + p * MR + i] if i < full else np.float32(0.0)
+
+
 @njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
-def k_attention(q, k, vt, o, scale, ws):
-    # o[g] = softmax_scaled(q[g] . k[g]^T, scale) . vt[g]^T, 16 rows of q per task
-    G, M, E = q.shape
-    N = k.shape[1]
+def k_attention(qkv, y, heads, S, scale, ws):
+    # y[b * S + m, h * E + e] = (softmax_scaled(q . k^T, scale) . v)[m, e] of sequence b, head h
+    T, C = qkv.shape
+    D = y.shape[1]
+    E = D // heads
+    B = T // S
+    G = B * heads
     scale = np.float32(scale)
-    kpan = (N + MR - 1) // MR
+    kpan = (S + MR - 1) // MR
     vpan = (E + MR - 1) // MR
-    qblocks = (M + NR - 1) // NR
+    qblocks = (S + NR - 1) // NR
     packed_k = G * kpan * E * MR
-    packed_v = G * vpan * N * MR
-    if ws.size < packed_k + packed_v + (G * NR * E if M % NR else 0):
+    packed_v = G * vpan * S * MR
+    if ws.size < packed_k + packed_v + (G * NR * E if S % NR else 0):
         raise ValueError("attention: workspace smaller than workspace_elems")
     for gp in prange(G * kpan):
-        _lm_pack_rows(k, gp // kpan, gp % kpan, ws, gp * E * MR)
+        g = gp // kpan
+        _lm_pack_keys(qkv, (g // heads) * S, D + (g % heads) * E, S, E, gp % kpan, ws, gp * E * MR)
     for gp in prange(G * vpan):
-        _lm_pack_rows(vt, gp // vpan, gp % vpan, ws, packed_k + gp * N * MR)
-    if M % NR:
+        g = gp // vpan
+        _lm_pack_values(qkv, (g // heads) * S, 2 * D + (g % heads) * E, S, E, gp % vpan, ws, packed_k + gp * S * MR)
+    if S % NR:
+        m0 = (qblocks - 1) * NR
         for g in range(G):
-            _lm_pad_rows(q, g, (qblocks - 1) * NR, ws, packed_k + packed_v + g * NR * E)
-    q_flat = q.reshape(-1)
-    kc = min(N, KC)
-    slices = (N + kc - 1) // max(kc, 1)
+            pad = packed_k + packed_v + g * NR * E
+            for j in range(NR):
+                for e in range(E):
+                    ws[pad + j * E + e] = qkv[(g // heads) * S + m0 + j, (g % heads) * E + e] if m0 + j < S else np.float32(0.0)
+    qkv_flat = qkv.reshape(-1)
+    y_flat = y.reshape(-1)
+    kc = min(S, KC)
+    slices = (S + kc - 1) // max(kc, 1)
     for task in prange(G * qblocks):
         g = task // qblocks
         m0 = (task - g * qblocks) * NR
-        rows = min(NR, M - m0)
-        if m0 + NR <= M:
-            src = q_flat
-            off = (g * M + m0) * E
+        first = (g // heads) * S
+        h = g % heads
+        rows = min(NR, S - m0)
+        if m0 + NR <= S:
+            src = qkv_flat
+            off = (first + m0) * C + h * E
+            ld = C
         else:
             src = ws
             off = packed_k + packed_v + g * NR * E
-        # the scores of the task's rows, s[j * NP + n] = q[m0 + j] . k[n] (rows padded to whole
-        # panels; rows past M score zero-padded queries): each tile stores its 16 x 16 block in place
+            ld = E
+        # the scores of the task's queries, s[j * NP + n] = q[m0 + j] . k[n] (rows padded to whole
+        # panels; rows past S score zero-padded queries): each tile stores its 16 x 16 block in place
         NP = kpan * MR
         s = np.empty(NR * NP, np.float32)
         for i in range(NR * NP):
             s[i] = np.float32(0.0)
         for p in range(kpan):
-            _lm_gemm_tile(ws, (g * kpan + p) * E * MR, src, off, E, E, s[p * MR:], NP)
+            _lm_gemm_tile(ws, (g * kpan + p) * E * MR, src, off, ld, E, s[p * MR:], NP)
         # each row softmaxed in place with softmax_scaled's operations
         for j in range(rows):
-            _lm_softmax_row(s, j * NP, N, scale)
-        # o's rows: one fma chain over n per element, in slices of n shared by the panels of vt
+            _lm_softmax_row(s, j * NP, S, scale)
+        # the output rows: one fma chain over keys per element, in slices shared by the value panels
         acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))
         for i in range(vpan * NR * MR):
             acc[i] = np.float32(0.0)
         for t in range(slices):
             k0 = t * kc
-            kn = min(kc, N - k0)
+            kn = min(kc, S - k0)
             for p in range(vpan):
-                _lm_gemm_tile(ws, packed_k + ((g * vpan + p) * N + k0) * MR, s, k0, NP, kn, acc[p * NR * MR:], MR)
+                _lm_gemm_tile(ws, packed_k + ((g * vpan + p) * S + k0) * MR, s, k0, NP, kn, acc[p * NR * MR:], MR)
         for p in range(vpan):
             for j in range(rows):
                 for i in range(min(MR, E - p * MR)):
-                    o[g, m0 + j, p * MR + i] = acc[(p * NR + j) * MR + i]
+                    y_flat[np.uint64((first + m0 + j) * D + h * E + p * MR + i)] = acc[np.uint64((p * NR + j) * MR + i)]
 '''
 
 
@@ -160,40 +200,49 @@ def render_module(motif: str = "attention") -> str:
     from loomc.lower.numba_helpers import IMPORTS, helpers_for
 
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
-              f"# motif {motif}: o = bmm(softmax_scaled(bmm(q, k), scale), vt) without the scores "
+              f"# motif {motif}: y = merge_heads(bmm(softmax_scaled(bmm(q, k), scale), vt)) of split_heads(qkv), without the scores "
               f"(loomc/lower/attention.py), tile {matmul.PANEL_ROWS} x {matmul.TILE_COLS}\n")
     constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\nKC = {matmul.K_SLICE}\n"
     acc = -(-MAX_HEAD_DIM // matmul.PANEL_ROWS) * matmul.TILE_COLS * matmul.PANEL_ROWS
     driver = _DRIVER.replace("ACC_ELEMS", str(acc)).replace("NR * MR", str(matmul.PANEL_ROWS * matmul.TILE_COLS))
-    copies = matmul.pack_source("_lm_pack_rows", "f32") + matmul.PAD_SOURCE
-    helpers = "".join(h + "\n\n" for h in helpers_for(driver + copies + SOFTMAX_ROW_SOURCE))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + copies + SOFTMAX_ROW_SOURCE + "\n" + driver
+    helpers = "".join(h + "\n\n" for h in helpers_for(driver + SOFTMAX_ROW_SOURCE))
+    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_ROW_SOURCE + "\n" + driver
 
 
-def workspace_for(motif: str, q_dims: list[int], k_dims: list[int], vt_dims: list[int], o_dims: list[int]) -> int:
-    """`workspace_elems` from the operands' dimensions, as a command dispatches them."""
-    groups, rows, head_dim = q_dims
-    return workspace_elems(groups, rows, k_dims[1], head_dim)
+def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:
+    """`workspace_elems` from the operands' dimensions (qkv, y) and scalars (heads, tokens,
+    scale), as a command dispatches them: heads and tokens must be known before the call."""
+    (_, (t, d)), (heads, tokens, _) = dims, scalars
+    if heads is None or tokens is None:
+        raise ValueError("heads and tokens decide the workspace, so they cannot depend on the call's arguments")
+    heads, tokens = max(int(heads), 1), max(int(tokens), 1)
+    return workspace_elems(t // tokens, tokens, heads, d // heads)
 
 
 def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
-    """The driver's arguments for a dispatch's operands, after the check the motif's signature
-    cannot make (the head size against MAX_HEAD_DIM); ValueError when it fails."""
-    q, k, vt, scale, o = values
-    if q.shape[2] > MAX_HEAD_DIM:
-        raise ValueError(f"heads of {q.shape[2]} features; the motif takes at most {MAX_HEAD_DIM}")
-    return q, k, vt, o, float(scale), workspace
+    """The driver's arguments for a dispatch's operands, after the checks the motif's signature
+    cannot make (they depend on its scalars); ValueError when one fails."""
+    qkv, heads, tokens, scale, y = values
+    heads, tokens = int(heads), int(tokens)
+    t, c = qkv.shape
+    d = y.shape[1]
+    if heads < 1 or tokens < 1 or t % tokens:
+        raise ValueError(f"{t} rows are not whole sequences of {tokens} tokens ({heads} heads)")
+    if c != 3 * d or d % heads:
+        raise ValueError(f"qkv {qkv.shape} and y {y.shape} are not q, k and v of {heads} heads side by side")
+    if d // heads > MAX_HEAD_DIM:
+        raise ValueError(f"heads of {d // heads} features; the motif takes at most {MAX_HEAD_DIM}")
+    return qkv, y, heads, tokens, float(scale), workspace
 
 
 def argument_examples(motif: str = "attention") -> tuple:
     """One value of each argument's exact type as dispatch passes them, for compiling ahead."""
-    z = np.zeros((1, 1, 1), np.float32)
-    return z, z.copy(), z.copy(), z.copy(), 1.0, np.zeros(1, np.float32)
+    return np.zeros((1, 3), np.float32), np.zeros((1, 1), np.float32), 1, 1, 1.0, np.zeros(1, np.float32)
 
 
 def load_function(motif: str = "attention", cache_dir: Path | None = None):
     """The compiled (lazily, then cached on disk) numba dispatcher: it takes
-    (q, k, vt, o, scale, workspace)."""
+    (qkv, y, heads, tokens, scale, workspace)."""
     from loomc.lower.numba import ensure_module, load_module, module_path
 
     text = render_module(motif)

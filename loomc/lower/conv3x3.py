@@ -117,8 +117,9 @@ def render_module(motif: str = "conv3x3") -> str:
     return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + copies + "\n" + driver
 
 
-def workspace_for(motif: str, x_dims: list[int], w_dims: list[int], bias_dims: list[int], y_dims: list[int]) -> int:
-    """`workspace_elems` from the operands' dimensions, as a command dispatches them."""
+def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:
+    """`workspace_elems` from the operands' dimensions (x, w, bias, y), as a command dispatches them."""
+    w_dims = dims[1]
     return workspace_elems(*w_dims)
 
 

@@ -468,8 +468,9 @@ def groups_rows_depth(shape) -> tuple[int, int, int]:
     return (1, *shape) if len(shape) == 2 else tuple(shape)
 
 
-def workspace_for(motif: str, a_dims: list[int], b_dims: list[int], c_dims: list[int]) -> int:
-    """`workspace_elems` from the operands' dimensions, as a command dispatches them."""
+def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:
+    """`workspace_elems` from the operands' dimensions (a, b, c), as a command dispatches them."""
+    a_dims, b_dims, _ = dims
     return workspace_elems(motif, *groups_rows_depth(a_dims), b_dims[-2])
 
 

@@ -9,7 +9,7 @@ def lowering_of(motif: str) -> ModuleType:
     """loomc/lower/conv3x3.py for `conv3x3`, loomc/lower/attention.py for `attention`,
     loomc/lower/matmul.py for the matmul family: each
     has `load_function(motif, cache_dir)`, `argument_examples(motif)`, and for dispatch
-    `workspace_for(motif, *operand_dims)` and `launch_arguments(motif, values, workspace)`."""
+    `workspace_for(motif, tensor_dims, scalars)` and `launch_arguments(motif, values, workspace)`."""
     from loomc.lower import attention, conv3x3, matmul
 
     for module in (conv3x3, attention):

@@ -169,9 +169,15 @@ class ShapePlan:
         return base
 
     def motif_workspace(self, d: Dispatch) -> int:
-        """f32 elements of the workspace motif dispatch `d` wants at this plan's dimensions."""
+        """f32 elements of the workspace motif dispatch `d` wants at this plan's dimensions and
+        scalars (None for a scalar that depends on the call's arguments)."""
         dims = [[dim_value(x, self.env) for x in o.dims] for o in d.operands if isinstance(o, TensorRef)]
-        return lowering_of(d.callee).workspace_for(d.callee, *dims)
+        scalars = [None if refs_arguments(o) else interpret.evaluate(o, _symbol_env(self.env))
+                   for o in d.operands if not isinstance(o, TensorRef)]
+        try:
+            return lowering_of(d.callee).workspace_for(d.callee, dims, scalars)
+        except ValueError as e:   # a size its scalars decide, and they are not known before the call
+            raise DispatchError(f"{d.callee} at {d.source.path}:{d.source.line}: {e}") from None
 
     def operand_values(self, bound: _Bound, dispatch: Dispatch, scalars: Mapping[str, Any]) -> list[Any]:
         return [self.array(bound, o, scalars) if isinstance(o, TensorRef) else interpret.evaluate(o, scalars)

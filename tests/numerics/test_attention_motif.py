@@ -1,9 +1,11 @@
-"""The `attention` motif: bit for bit `bmm`, softmax_scaled and `bmm`, without writing the scores.
+"""The `attention` motif: bit for bit split_heads, `bmm`, softmax_scaled, `bmm` and merge_heads,
+without copying the heads out or writing the scores.
 
-docs/language.md §11: attention(q, k, vt, scale, o) computes what bmm(q, k, s),
-softmax_scaled(s, scale) and bmm(s, vt, o) compute, every element the same operations in the
-same order. So the reference is those calls, and equality is the contract; torch's
-scaled_dot_product_attention checks the attention itself, within rounding.
+docs/language.md §11: attention(qkv, heads, tokens, scale, y) computes what split_heads(qkv,
+heads, q, k, vt), bmm(q, k, s), softmax_scaled(s, scale), bmm(s, vt, o) and merge_heads(o,
+heads, y) compute, every element the same operations in the same order. So the reference is
+those calls, and equality is the contract; torch's scaled_dot_product_attention checks the
+attention itself, within rounding.
 """
 
 from __future__ import annotations
@@ -20,59 +22,82 @@ from loomc.run.compile import compile_command
 from loomc.run.dispatch import DispatchError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "attention.loom"
+_PROGRAMS: dict[tuple[int, int], dict] = {}
 
 
-@pytest.fixture(scope="module")
-def programs():
-    checked = load_files([FIXTURE])
-    assert checked.ok, checked.diagnostics
-    return {name: compile_command(checked, name) for name in ("fused", "unfused")}
+def programs(tmp_path_factory, heads: int, tokens: int) -> dict:
+    """The fixture's commands with its `heads` and `tokens` configs set (compiled once per pair)."""
+    if (heads, tokens) not in _PROGRAMS:
+        text = FIXTURE.read_text().replace("config heads: i64 = 2", f"config heads: i64 = {heads}")
+        path = tmp_path_factory.mktemp("attention") / "attention.loom"
+        path.write_text(text.replace("config tokens: i64 = 17", f"config tokens: i64 = {tokens}"))
+        checked = load_files([path])
+        assert checked.ok, checked.diagnostics
+        _PROGRAMS[heads, tokens] = {name: compile_command(checked, name) for name in ("fused", "unfused", "per_call")}
+    return _PROGRAMS[heads, tokens]
 
 
-def run(program, q, k, v, scale):
-    vt = np.ascontiguousarray(v.transpose(0, 2, 1))
-    return program.run({}, {}, {"q": q, "k": k, "vt": vt, "scale": scale})["o"]
+def run(program, qkv, scale, **extra):
+    return program.run({}, {}, {"qkv": qkv, "scale": scale, **extra})["y"]
 
 
-def qkv(rng, g, m, n, e, spread=1.0):
-    return tuple((spread * rng.standard_normal(shape)).astype(np.float32) for shape in ((g, m, e), (g, n, e), (g, n, e)))
+def fused_qkv(rng, sequences, tokens, heads, head_dim, spread=1.0):
+    return (spread * rng.standard_normal((sequences * tokens, 3 * heads * head_dim))).astype(np.float32)
 
 
-# (groups, query rows, keys, head size): one of each, partial blocks of 16 rows on both sides,
-# more keys than one slice of the output tile (384), heads of 5, 64, 80 and 256 features, and
-# the recognizer's and the vision encoder's own shapes
-SHAPES = [(1, 1, 1, 1), (2, 17, 33, 5), (3, 40, 20, 64), (2, 100, 401, 80), (1, 16, 16, 256), (2, 257, 257, 64),
-          (6, 1500, 1500, 64)]
+# (sequences, tokens, heads, features per head): one of each, partial blocks of 16 queries and
+# keys, more keys than one slice of the output tile (384), heads of 5, 64, 80 and 256 features,
+# and the vision encoder's and the recognizer's own shapes
+SHAPES = [(1, 1, 1, 1), (2, 17, 2, 5), (3, 40, 1, 64), (2, 401, 1, 80), (1, 16, 1, 256), (2, 257, 6, 64),
+          (1, 1500, 6, 64)]
 
 
-@pytest.mark.parametrize("g, m, n, e", SHAPES)
-def test_equals_bmm_softmax_bmm_bit_for_bit(programs, rng, g, m, n, e):
-    q, k, v = qkv(rng, g, m, n, e)
+@pytest.mark.parametrize("sequences, tokens, heads, e", SHAPES)
+def test_equals_split_bmm_softmax_bmm_merge_bit_for_bit(tmp_path_factory, rng, sequences, tokens, heads, e):
+    p = programs(tmp_path_factory, heads, tokens)
+    qkv = fused_qkv(rng, sequences, tokens, heads, e)
     scale = float(np.float32(e ** -0.5))
-    np.testing.assert_array_equal(run(programs["fused"], q, k, v, scale), run(programs["unfused"], q, k, v, scale))
+    np.testing.assert_array_equal(run(p["fused"], qkv, scale), run(p["unfused"], qkv, scale))
 
 
-def test_large_scores_clamp_like_softmax_scaled(programs, rng):
+def test_large_scores_clamp_like_softmax_scaled(tmp_path_factory, rng):
     # scores far apart: most exps underflow at the -87 clamp, the row max still gives 1
-    q, k, v = qkv(rng, 2, 30, 50, 16, spread=8.0)
-    np.testing.assert_array_equal(run(programs["fused"], q, k, v, 1.0), run(programs["unfused"], q, k, v, 1.0))
+    p = programs(tmp_path_factory, 2, 17)
+    qkv = fused_qkv(rng, 3, 17, 2, 16, spread=8.0)
+    np.testing.assert_array_equal(run(p["fused"], qkv, 1.0), run(p["unfused"], qkv, 1.0))
 
 
-def test_is_torch_attention(programs, rng):
-    q, k, v = qkv(rng, 4, 37, 29, 24)
-    scale = 24 ** -0.5
-    want = F.scaled_dot_product_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v)).numpy()
-    np.testing.assert_allclose(run(programs["fused"], q, k, v, scale), want, rtol=1e-5, atol=1e-5)
+def test_is_torch_attention(tmp_path_factory, rng):
+    sequences, tokens, heads, e = 2, 37, 3, 24
+    qkv = fused_qkv(rng, sequences, tokens, heads, e)
+    parts = torch.from_numpy(qkv).reshape(sequences, tokens, 3, heads, e).permute(2, 0, 3, 1, 4)  # [3, B, H, S, E]
+    want = F.scaled_dot_product_attention(parts[0], parts[1], parts[2])      # [B, H, S, E]
+    want = want.permute(0, 2, 1, 3).reshape(sequences * tokens, heads * e).numpy()
+    got = run(programs(tmp_path_factory, heads, tokens)["fused"], qkv, e ** -0.5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_group_gives_the_same_bits_alone_or_batched(programs, rng):
-    q, k, v = qkv(rng, 3, 45, 70, 32)
-    batch = run(programs["fused"], q, k, v, 0.25)
-    alone = run(programs["fused"], q[1:2].copy(), k[1:2].copy(), v[1:2].copy(), 0.25)
-    np.testing.assert_array_equal(alone, batch[1:2])
+def test_a_sequence_gives_the_same_bits_alone_or_batched(tmp_path_factory, rng):
+    p = programs(tmp_path_factory, 2, 17)
+    qkv = fused_qkv(rng, 3, 17, 2, 32)
+    batch = run(p["fused"], qkv, 0.25)
+    alone = run(p["fused"], qkv[17:34].copy(), 0.25)
+    np.testing.assert_array_equal(alone, batch[17:34])
 
 
-def test_heads_past_the_limit_are_refused_with_the_source_line(programs, rng):
-    q, k, v = qkv(rng, 1, 2, 3, 257)
-    with pytest.raises(DispatchError, match=r"attention at .*attention\.loom:7: heads of 257 features"):
-        run(programs["fused"], q, k, v, 1.0)
+def test_shapes_its_signature_cannot_check_are_refused_with_the_source_line(tmp_path_factory, rng):
+    p = programs(tmp_path_factory, 2, 17)
+    with pytest.raises(DispatchError, match=r"attention at .*attention\.loom:12: 30 rows are not whole sequences of 17"):
+        run(p["fused"], fused_qkv(rng, 1, 30, 2, 4), 1.0)
+    with pytest.raises(DispatchError, match=r"not q, k and v of 2 heads side by side"):
+        run(p["fused"], np.zeros((17, 9), np.float32), 1.0)
+    wide = programs(tmp_path_factory, 1, 2)
+    with pytest.raises(DispatchError, match=r"heads of 257 features; the motif takes at most 256"):
+        run(wide["fused"], fused_qkv(rng, 1, 2, 1, 257), 1.0)
+
+
+def test_a_sequence_length_from_the_call_is_refused_before_it_runs(tmp_path_factory, rng):
+    # the workspace is sized when the call's shapes are bound, before its scalars are known
+    p = programs(tmp_path_factory, 2, 17)
+    with pytest.raises(DispatchError, match=r"attention at .*attention\.loom:29: heads and tokens decide the workspace"):
+        run(p["per_call"], fused_qkv(rng, 1, 17, 2, 4), 1.0, n=17)

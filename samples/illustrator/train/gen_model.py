@@ -24,7 +24,6 @@ use "text.loom" { encode_prompts }
 use "std:unet.loom" { group_norm_stats, group_norm_apply, group_norm_apply_silu, group_norm_apply_film_silu, upsample_nearest2x, concat_channels, lora_conv_add, timestep_embedding, gaussian_noise, fill, repeat_rows, with_null_rows, cfg_euler_step, to_pixels, map_rows }
 use "std:encoders.loom" { bias_add }
 use "std:activations.loom" { silu, residual_add }
-use "std:seq2seq.loom" { split_heads, merge_heads }
 
 // One UNet evaluation: the velocity v of latents x (2B images) under conditioning c
 // (time and text, one row per image), the prompts' layout maps at quarter resolution and
@@ -153,18 +152,12 @@ body += ["    // the prompts' layout maps join the features", "    concat_channe
 named.append(("mid_in", f"{rows[2]}, c1 + layout_channels"))
 res("mid0", "mid_in", 2, m0)
 an = named_var("attn_in", 2, "c2"); qkv = named_var("attn_qkv", 2, "3 * c2"); att = named_var("attn_o", 2, "c2"); ap = named_var("attn_proj", 2, "c2")
-heads_dims = "B2 * unet_heads, (height / 4) * (width / 4)"
-named += [("attn_q", f"{heads_dims}, c2 / unet_heads"), ("attn_k", f"{heads_dims}, c2 / unet_heads"),
-          ("attn_vt", "B2 * unet_heads, c2 / unet_heads, (height / 4) * (width / 4)"),
-          ("attn_heads", f"{heads_dims}, c2 / unet_heads")]
-body += ["    // Self-attention over the (h/4) x (w/4) tokens of each image, residual: one group of the",
-         "    // `attention` motif per (image, head).",
+body += ["    // Self-attention over the (h/4) x (w/4) tokens of each image and each head (the",
+         "    // `attention` motif), residual.",
          f"    group_norm_stats(m0, p2, groups, gn_eps, {stats('c2')})",
          f"    group_norm_apply(m0, {stats('c2')}, p2, attn_norm_w_u, attn_norm_b_u, {an})",
          f"    matmul({an}, attn_qkv_w, {qkv})", f"    bias_add({qkv}, attn_qkv_b)",
-         f"    split_heads({qkv}, unet_heads, attn_q, attn_k, attn_vt)",
-         "    attention(attn_q, attn_k, attn_vt, unet_attn_scale, attn_heads)",
-         f"    merge_heads(attn_heads, unet_heads, {att})",
+         f"    attention({qkv}, unet_heads, (height / 4) * (width / 4), unet_attn_scale, {att})",
          f"    matmul({att}, attn_out_w, {ap})", f"    bias_add({ap}, attn_out_b)", f"    residual_add(m0, {ap})"]
 res("mid1", "m0", 2, m1)
 u1 = named_var("up1_in", 1, "c2"); cat1 = named_var("up1_cat", 1, "c2 + c1"); o1 = named_var("up1_out", 1, "c1")
