@@ -142,22 +142,156 @@ def k_attention(qkv, y, heads, S, scale, ws):
 '''
 
 
+# softmax_scaled's passes over whole vectors of 16, as LLVM IR (numba's LLVM picks 8-wide
+# vectors for the plain loops on AVX-512 machines and leaves the max pass scalar). Each applies
+# the same operations to each element as the scalar loop after it, so the bits are the same.
+SOFTMAX_VECTOR_SOURCE = '''
+def _lm_vector_loop(builder, count, inits, body):
+    # for i in 0..count: values = body(i, values); the values' final state (inits when count is 0)
+    from llvmlite import ir as llir
+
+    i64 = llir.IntType(64)
+    entry = builder.block
+    loop = builder.append_basic_block("vec.body")
+    done = builder.append_basic_block("vec.done")
+    builder.cbranch(builder.icmp_signed(">", count, llir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(i64)
+    phis = [builder.phi(v.type) for v in inits]
+    i.add_incoming(llir.Constant(i64, 0), entry)
+    for phi, v in zip(phis, inits):
+        phi.add_incoming(v, entry)
+    values = body(i, phis)
+    nxt = builder.add(i, llir.Constant(i64, 1))
+    i.add_incoming(nxt, builder.block)
+    for phi, v in zip(phis, values):
+        phi.add_incoming(v, builder.block)
+    builder.cbranch(builder.icmp_signed("<", nxt, count), loop, done)
+    builder.position_at_end(done)
+    outs = []
+    for phi, v0, v in zip(phis, inits, values):
+        out = builder.phi(v0.type)
+        out.add_incoming(v0, entry)
+        out.add_incoming(v, loop)
+        outs.append(out)
+    return outs
+
+
+def _lm_vec_codegen(kind):
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir as llir
+
+        f32, i32, i64 = llir.FloatType(), llir.IntType(32), llir.IntType(64)
+        vec = llir.VectorType(f32, 16)
+        ivec = llir.VectorType(i32, 16)
+        s_v, off_v, count_v, a_v, b_v = args
+        base = builder.gep(context.make_array(sig.args[0])(context, builder, s_v).data, [off_v])
+
+        def at(i, width):   # pointer to the vector of 16 at base + i * width (+ 16 for the second of two)
+            return builder.bitcast(builder.gep(base, [builder.mul(i, llir.Constant(i64, width))]), vec.as_pointer())
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(llir.Constant(vec, None), x, llir.Constant(i32, 0)),
+                                          llir.Constant(vec, None), llir.Constant(ivec, [0] * 16))
+
+        def const(x):
+            return llir.Constant(vec, [x] * 16)
+
+        def intrinsic(name):
+            return cgutils.get_or_insert_function(builder.module, llir.FunctionType(vec, [vec] * (3 if name == "fma" else 1)),
+                                                  "llvm.%s.v16f32" % name)
+
+        def later(a, b):   # _lm_max(a, b): b if b > a else a
+            return builder.select(builder.fcmp_ordered(">", b, a), b, a)
+
+        if kind == "max":   # b[0:16] = lane maxima of s * a, from b's values
+            part = builder.bitcast(context.make_array(sig.args[4])(context, builder, b_v).data, vec.as_pointer())
+            (top,) = _lm_vector_loop(builder, count_v, [builder.load(part, align=4)],
+                                     lambda i, v: [later(v[0], builder.fmul(builder.load(at(i, 16), align=4), splat(a_v)))])
+            builder.store(top, part, align=4)
+        elif kind == "exp":   # s = softmax_scaled's exp(max(s * a - b, -87))
+            fma, floor = intrinsic("fma"), intrinsic("floor")
+
+            def body(i, v):
+                p = at(i, 16)
+                x = later(builder.fsub(builder.fmul(builder.load(p, align=4), splat(a_v)), splat(b_v)), const(-87.0))
+                kk = builder.call(floor, [builder.fadd(builder.fmul(x, const(1.4426950216293335)), const(0.5))])
+                r = builder.call(fma, [kk, const(-0.693359375), x])
+                r = builder.call(fma, [kk, const(0.00021219444170128554), r])
+                e = builder.call(fma, [const(0.00019875691214110702), r, const(0.001398199936375022)])
+                for c in (0.008333452045917511, 0.04166579619050026, 0.1666666567325592, 0.5):
+                    e = builder.call(fma, [e, r, const(c)])
+                bits = builder.shl(builder.add(builder.fptosi(kk, ivec), llir.Constant(ivec, [127] * 16)),
+                                   llir.Constant(ivec, [23] * 16))
+                y = builder.fmul(builder.fadd(builder.call(fma, [e, builder.fmul(r, r), r]), const(1.0)),
+                                 builder.bitcast(bits, vec))
+                builder.store(y, p, align=4)
+                return v
+
+            _lm_vector_loop(builder, count_v, [llir.Constant(i64, 0)], body)
+        elif kind == "sum":   # b[0:32] += s, 32 elements per step
+            lanes = context.make_array(sig.args[4])(context, builder, b_v).data
+            lo_p = builder.bitcast(lanes, vec.as_pointer())
+            hi_p = builder.bitcast(builder.gep(lanes, [llir.Constant(i64, 16)]), vec.as_pointer())
+
+            def body(i, v):
+                first = at(i, 32)
+                second = builder.bitcast(builder.gep(builder.bitcast(first, f32.as_pointer()), [llir.Constant(i64, 16)]),
+                                         vec.as_pointer())
+                return [builder.fadd(v[0], builder.load(first, align=4)), builder.fadd(v[1], builder.load(second, align=4))]
+
+            lo, hi = _lm_vector_loop(builder, count_v, [builder.load(lo_p, align=4), builder.load(hi_p, align=4)], body)
+            builder.store(lo, lo_p, align=4)
+            builder.store(hi, hi_p, align=4)
+        else:   # "mul": s = s * a
+            def body(i, v):
+                p = at(i, 16)
+                builder.store(builder.fmul(builder.load(p, align=4), splat(a_v)), p, align=4)
+                return v
+
+            _lm_vector_loop(builder, count_v, [llir.Constant(i64, 0)], body)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def _lm_max16(typingctx, s, off, count, scale, part):
+    return types.none(s, off, count, scale, part), _lm_vec_codegen("max")
+
+
+@intrinsic
+def _lm_exp16(typingctx, s, off, count, scale, top):
+    return types.none(s, off, count, scale, top), _lm_vec_codegen("exp")
+
+
+@intrinsic
+def _lm_sum32(typingctx, s, off, count, unused, lanes):
+    return types.none(s, off, count, unused, lanes), _lm_vec_codegen("sum")
+
+
+@intrinsic
+def _lm_mul16(typingctx, s, off, count, inv, unused):
+    return types.none(s, off, count, inv, unused), _lm_vec_codegen("mul")
+'''
+
 SOFTMAX_ROW_SOURCE = '''
 @njit(cache=True, fastmath=False, error_model="numpy")
 def _lm_softmax_row(s, row, N, scale):
-    # s[row + n] = softmax_scaled's value of s[row + n] * scale over n < N, its operations in its order
+    # s[row + n] = softmax_scaled's value of s[row + n] * scale over n < N, its operations in its
+    # order: whole vectors of 16 (32 for the sum) as LLVM IR, the rest as softmax_scaled's loops
+    # (unsigned indices, as in generated kernels: no negative-index wrap to check)
     part = carray(_lm_alloca(16, np.float32), (16,))
     for z in range(16):
         part[z] = np.float32(-3.0000000054977558e+38)
-    for c in range(N // 16):
-        for z in range(16):
-            part[z] = _lm_max(part[z], s[np.uint64(row + c * 16 + z)] * scale)
+    _lm_max16(s, row, N // 16, scale, part)
     top = np.float32(-3.0000000054977558e+38)
     for n in range(N // 16 * 16, N):
         top = _lm_max(top, s[np.uint64(row + n)] * scale)
     for z in range(16):
         top = _lm_max(top, part[z])
-    for n in range(N):
+    _lm_exp16(s, row, N // 16, scale, top)
+    for n in range(N // 16 * 16, N):
         x = _lm_max(s[np.uint64(row + n)] * scale - top, np.float32(-87.0))
         kk = np.floor(x * np.float32(1.4426950216293335) + np.float32(0.5))
         r = _lm_fma(kk, np.float32(-0.693359375), x)
@@ -172,11 +306,12 @@ def _lm_softmax_row(s, row, N, scale):
     lanes = carray(_lm_alloca(32, np.float32), (32,))
     for z in range(32):
         lanes[z] = np.float32(0)
-    for n0 in range(0, N, 32):
-        for l in range(min(16, N - n0)):
-            lanes[l] = lanes[l] + s[np.uint64(row + n0 + l)]
-        for l in range(min(16, N - n0 - 16)):
-            lanes[16 + l] = lanes[16 + l] + s[np.uint64(row + n0 + 16 + l)]
+    _lm_sum32(s, row, N // 32, scale, lanes)
+    n0 = N // 32 * 32
+    for l in range(min(16, N - n0)):
+        lanes[l] = lanes[l] + s[np.uint64(row + n0 + l)]
+    for l in range(min(16, N - n0 - 16)):
+        lanes[16 + l] = lanes[16 + l] + s[np.uint64(row + n0 + 16 + l)]
     _lm_fold(lanes, 16)
     _lm_fold(lanes, 8)
     _lm_fold(lanes, 4)
@@ -184,7 +319,8 @@ def _lm_softmax_row(s, row, N, scale):
     _lm_fold(lanes, 1)
     total = np.float32(0.0) + lanes[0]
     inv = np.float32(1.0) / total
-    for n in range(N):
+    _lm_mul16(s, row, N // 16, inv, inv)
+    for n in range(N // 16 * 16, N):
         s[np.uint64(row + n)] = s[np.uint64(row + n)] * inv
 '''
 
@@ -206,7 +342,8 @@ def render_module(motif: str = "attention") -> str:
     acc = -(-MAX_HEAD_DIM // matmul.PANEL_ROWS) * matmul.TILE_COLS * matmul.PANEL_ROWS
     driver = _DRIVER.replace("ACC_ELEMS", str(acc)).replace("NR * MR", str(matmul.PANEL_ROWS * matmul.TILE_COLS))
     helpers = "".join(h + "\n\n" for h in helpers_for(driver + SOFTMAX_ROW_SOURCE))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_ROW_SOURCE + "\n" + driver
+    return (header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE
+            + SOFTMAX_ROW_SOURCE + "\n" + driver)
 
 
 def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:
