@@ -27,7 +27,9 @@ How it runs (register and cache blocking the way BLAS does, but never splitting 
     swapped: when a has more rows than b and b at most SWAP_N (a convolution's columns
             against its weights), b is the packed side and a's rows, read in place, the
             broadcast side: the large operand is never copied (8192 x 288 . 32 x 288:
-            147 -> 286 GFLOP/s, past OpenBLAS's 205)
+            147 -> 286 GFLOP/s, past OpenBLAS's 205); when the packed b outgrows a chunk,
+            a task takes SWAP_GROUP blocks of a's rows, so each slice of a panel of b is read
+            from L3 once per 4 blocks instead of once per block
 
 The tile body is LLVM IR emitted by `_lm_gemm_tile` (a numba intrinsic): NR vector
 accumulators live in registers across the whole k loop (`tile_shape`: 16 on AVX-512, where
