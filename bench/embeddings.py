@@ -22,7 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # before numpy: see tests/conformance/test_embeddings_endpoint.py
+
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -98,7 +100,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     os.environ.setdefault("NUMBA_NUM_THREADS", str(args.threads))
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # see tests/conformance/test_embeddings_endpoint.py
     loom = Loom()
     reference = Reference(args.threads)
     rows = []
