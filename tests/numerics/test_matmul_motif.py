@@ -178,7 +178,7 @@ def _host_has(flag: str) -> bool:
 
 
 def compute_everything(data: dict) -> dict:
-    """The motif and three kernels that lean on the target (fma, sqrt and division, f16
+    """The matmul and attention motifs and three kernels that lean on the target (fma, sqrt and division, f16
     scales read with or without F16C), on `data`; run here and in the subprocess."""
     from numerics_testlib import MOTIFS
 
@@ -193,6 +193,9 @@ def compute_everything(data: dict) -> dict:
     compile_kernel(motifs, "layernorm")(x, data["w"], data["bias"], 1e-5, out["layernorm"])
     out["matmul_q4_1"] = np.zeros((x.shape[0], data["q4_1"].shape[0]), np.float32)
     compile_kernel(motifs, "matmul_q4_1")(x, data["q4_1"], out["matmul_q4_1"])
+    # the attention motif (its own tile rows per task, vector softmax) at its fixture's 2 heads x 17 tokens
+    attention = compile_command(load_files([FIXTURE.parent / "attention.loom"]), "fused")
+    out["attention"] = attention.run({}, {}, {"qkv": data["qkv"], "scale": 0.2})["y"]
     return out
 
 
@@ -212,7 +215,8 @@ def test_other_simd_classes_compute_the_same_bits(rng, tmp_path):
 
     classes = [BASELINE] + ([AVX2] if _host_has("avx512f") else [])
     data = {"a": rand(rng, 37, 101), "b": rand(rng, 29, 101), "x": rand(rng, 9, 96, scale=3.0),
-            "w": rand(rng, 96), "bias": rand(rng, 96), "q4_1": random_blocks(rng, "q4_1", (13, 96))}
+            "w": rand(rng, 96), "bias": rand(rng, 96), "q4_1": random_blocks(rng, "q4_1", (13, 96)),
+            "qkv": rand(rng, 2 * 17, 3 * 2 * 24)}
     np.savez(tmp_path / "in.npz", **data)
     here = compute_everything(data)
     for cpu, features in classes:
