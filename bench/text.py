@@ -1,18 +1,28 @@
 """Text serving benchmark: scout through Loom's text service, against llama.cpp on the same GGUF.
 
-Run by hand (never in CI):  .venv/bin/python bench/text.py [--repeats 3] [--decode 64] [--threads 2]
+Run by hand (never in CI):
+
+    .venv/bin/python bench/text.py [--repeats 3] [--decode 64] [--threads 2] [--llama-bin DIR]
 
 Measures, as medians over interleaved repeats (Loom, llama.cpp, Loom, llama.cpp, ...):
   decode tok/s at batch 1 (context 128-255), aggregate decode tok/s with 8 concurrent
   streams, prefill tok/s for 128 and 512 prompt tokens, time to first token of a 64-token
-  prompt (in process, through the service's first published token), time to first token of
-  a streamed chat completion over HTTP (`loomd serve` against llama.cpp's own OpenAI server,
-  `llama_cpp.server`, each in its own process on a loopback TCP port), and peak RSS of each
-  engine's process and of each HTTP server. llama.cpp figures appear when
-  `llama-cpp-python[server]` is installed (`pip install 'llama-cpp-python[server]'`, which
-  compiles llama.cpp: minutes); every Loom figure is also printed as a ratio to llama.cpp's,
-  measured in the same run. llama.cpp runs in a child process (see `LlamaCpp` for why),
-  which also keeps the two peak RSS figures apart.
+  prompt (in process, through the service's first published token); over HTTP (`loomd
+  serve` against llama.cpp's server, each in its own process on a loopback TCP port): time
+  to first token of a streamed chat completion with prompts of about 64, 128 and 512
+  tokens, decode tok/s of one streamed completion, and the aggregate tok/s of 8 concurrent
+  streamed completions; and the peak RSS of each engine's and each server's process. Every
+  Loom figure is printed with llama.cpp's, measured in the same run, and their ratio.
+
+llama.cpp comes from one of two places:
+  --llama-bin DIR   the `llama-bench` and `llama-server` binaries of a CMake build of llama.cpp
+                    (the tree vendored in llama-cpp-python's sdist is what the figures in
+                    docs/performance.md used; docs/performance.md gives the commands). In-process
+                    figures are compared with `llama-bench` (pp128, pp512; tg128 at depth 128),
+                    HTTP figures with `llama-server -np 8` (8 slots of 2048 tokens).
+  otherwise         `llama-cpp-python` when installed (`pip install 'llama-cpp-python[server]'`,
+                    which compiles llama.cpp: minutes), in a child process (see `LlamaCpp` for
+                    why), and its OpenAI server `llama_cpp.server` (one sequence at a time).
 """
 
 from __future__ import annotations
@@ -210,10 +220,45 @@ class LlamaCpp:
         self.process.join(30)
 
 
-def chat_text() -> str:
-    """A fresh user message (`salted_text`); with either server's chat template it makes a
-    prompt of about 64 tokens (each server reports its count, printed with the results)."""
-    return salted_text(3)
+class LlamaBench:
+    """llama.cpp's own benchmark tool, run once per measurement: pp128 / pp512 for prefill,
+    tg128 at a depth of 128 for batch-1 decode (Loom's decode runs at context 128-255)."""
+
+    name = "llama.cpp"
+
+    def __init__(self, bin_dir: Path, threads: int):
+        self.tool = bin_dir / "llama-bench"
+        self.threads = threads
+        if not self.tool.exists():
+            raise SystemExit(f"no llama-bench in {bin_dir}")
+        self.peak = float("nan")
+
+    def _rate(self, *options: str) -> float:
+        done = subprocess.run([str(self.tool), "-m", str(resolve_locator(GGUF)), "-t", str(self.threads), "-r", "1",
+                               "-o", "json", *options], capture_output=True, text=True, check=True)
+        rows = json.loads(done.stdout)
+        return float(rows[0]["avg_ts"])
+
+    def decode(self, tokens: int, streams: int = 1) -> float:
+        return self._rate("-p", "0", "-n", str(tokens), "-d", "128") if streams == 1 else float("nan")
+
+    def prefill(self, n: int) -> float:
+        return self._rate("-p", str(n), "-n", "0")
+
+    def ttft(self) -> float:
+        return float("nan")   # llama-bench has no first-token figure
+
+    def rss(self) -> float:
+        return float("nan")
+
+    def close(self) -> None:
+        pass
+
+
+# A request that makes the model write on (its answers run long at temperature 0), salted.
+LONG_ANSWER = "Request {salt}. Write a long, detailed story about a lighthouse keeper and a storm."
+# Sentences of `salted_text` per HTTP prompt size (each server reports its token count).
+HTTP_PROMPTS = {64: 3, 128: 9, 512: 40}
 
 
 class HttpServer:
@@ -254,36 +299,63 @@ class HttpServer:
             conn.close()
 
     @staticmethod
-    def _chat(stream: bool, max_tokens: int) -> dict:
-        return {"model": "scout", "messages": [{"role": "user", "content": chat_text()}], "max_tokens": max_tokens,
-                "temperature": 0, "stream": stream}
+    def _chat(stream: bool, max_tokens: int, sentences: int = 3, text: str | None = None) -> dict:
+        body = {"model": "scout", "messages": [{"role": "user", "content": text or salted_text(sentences)}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
 
-    def prompt_tokens(self) -> int:
-        status, body = self._request("POST", "/v1/chat/completions", self._chat(False, 1))
+    def prompt_tokens(self, sentences: int = 3) -> int:
+        status, body = self._request("POST", "/v1/chat/completions", self._chat(False, 1, sentences))
         if status != 200:
             raise SystemExit(f"{self.name}: chat completion answered {status}: {body[:300]!r}")
         return json.loads(body)["usage"]["prompt_tokens"]
 
-    def ttft(self) -> float:
+    def stream(self, body: dict) -> tuple[float, float, int]:
+        """(seconds to the first chunk with answer text, seconds to the end, completion tokens)
+        of one streamed chat completion, read to the end."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         try:
             start = time.perf_counter()
-            conn.request("POST", "/v1/chat/completions", json.dumps(self._chat(True, 8)),
-                         {"Content-Type": "application/json"})
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
             response = conn.getresponse()
             if response.status != 200:
                 raise SystemExit(f"{self.name}: streamed chat answered {response.status}: {response.read()[:300]!r}")
-            first = None
+            first, tokens, chunks = None, None, 0
             for line in response:  # read to the end, so the server is idle for the next measurement
-                if first is None and line.startswith(b"data: {"):
-                    choices = json.loads(line[6:]).get("choices") or [{}]
+                if line.startswith(b"data: {"):
+                    event = json.loads(line[6:])
+                    choices = event.get("choices") or [{}]
                     if choices[0].get("delta", {}).get("content"):
-                        first = time.perf_counter() - start
+                        chunks += 1
+                        if first is None:
+                            first = time.perf_counter() - start
+                    if event.get("usage"):
+                        tokens = event["usage"]["completion_tokens"]
             if first is None:
                 raise SystemExit(f"{self.name}: the stream carried no answer text")
-            return first
+            return first, time.perf_counter() - start, tokens if tokens is not None else chunks
         finally:
             conn.close()
+
+    def ttft(self, sentences: int = 3) -> float:
+        return self.stream(self._chat(True, 8, sentences))[0]
+
+    def decode(self, tokens: int) -> float:
+        """Decode tok/s of one streamed completion: tokens after the first over the time after it."""
+        first, end, count = self.stream(self._chat(True, tokens, text=LONG_ANSWER.format(salt=next(_salt))))
+        return (count - 1) / max(end - first, 1e-9)
+
+    def concurrent(self, tokens: int, streams: int = 8) -> float:
+        """Aggregate completion tok/s of `streams` streamed completions sent at once."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        bodies = [self._chat(True, tokens, text=LONG_ANSWER.format(salt=next(_salt))) for _ in range(streams)]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(streams) as pool:
+            done = list(pool.map(self.stream, bodies))
+        return sum(count for _, _, count in done) / (time.perf_counter() - start)
 
     def rss(self) -> float:
         """Peak resident set of the server process (VmHWM), in MiB."""
@@ -301,12 +373,18 @@ class HttpServer:
         self.log.close()
 
 
-def http_servers(threads: int, with_llama: bool) -> list[HttpServer]:
+def http_servers(threads: int, with_llama: bool, bin_dir: Path | None) -> list[HttpServer]:
     """`loomd serve` on scout's model document and, when llama.cpp is there, llama.cpp's
-    OpenAI server on the same GGUF with the same thread count and batch size."""
+    server on the same GGUF with the same thread count: `llama-server` with 8 slots of 2048
+    tokens (scout's document has 4 rows of 2048), else llama-cpp-python's one-sequence server."""
     servers = [HttpServer("loom", [str(Path(sys.executable).parent / "loomd"), "serve",
                                    "samples/scout/model.json", "--listen", "127.0.0.1:{port}"], threads)]
-    if with_llama and not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "sse_starlette")):
+    if bin_dir is not None:
+        servers.append(HttpServer("llama.cpp", [str(bin_dir / "llama-server"), "-m", str(resolve_locator(GGUF)),
+                                                "-a", "scout", "-c", "16384", "-np", "8", "-t", str(threads),
+                                                "-tb", str(threads), "--host", "127.0.0.1", "--port", "{port}"],
+                                  threads))
+    elif with_llama and not all(importlib.util.find_spec(m) for m in ("fastapi", "uvicorn", "sse_starlette")):
         print("llama.cpp's server needs pip install 'llama-cpp-python[server]': no llama.cpp figure over HTTP")
     elif with_llama:
         servers.append(HttpServer("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model",
@@ -322,13 +400,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode", type=int, default=64, help="tokens decoded per measurement")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--llama-bin", type=Path, help="a llama.cpp build's bin/ with llama-bench and llama-server")
     args = parser.parse_args()
 
+    from machine import describe
+
     engines = [LoomText(args.threads)]
-    try:
-        engines.append(LlamaCpp(args.threads))
-    except ImportError:
-        print("llama-cpp-python is not installed: Loom figures only (pip install llama-cpp-python for ratios)")
+    if args.llama_bin is not None:
+        engines.append(LlamaBench(args.llama_bin, args.threads))
+    else:
+        try:
+            engines.append(LlamaCpp(args.threads))
+        except ImportError:
+            print("llama-cpp-python is not installed and no --llama-bin: Loom figures only")
     measures = {
         "decode tok/s, batch 1": lambda e: e.decode(args.decode, 1),
         "decode tok/s, 8 streams (aggregate)": lambda e: e.decode(args.decode, 8),
@@ -336,37 +420,47 @@ def main() -> None:
         "prefill tok/s, 512 tokens": lambda e: e.prefill(512),
         "time to first token, 64-token prompt (ms)": lambda e: 1000 * e.ttft(),
     }
-    servers = http_servers(args.threads, len(engines) > 1)
-    http_ttft = "time to first token over HTTP, streamed chat (ms)"
-    measures[http_ttft] = None
+    servers = http_servers(args.threads, len(engines) > 1, args.llama_bin)
+    over_http = {f"HTTP: time to first token, ~{n}-token chat (ms)": (lambda s, k=k: 1000 * s.ttft(k))
+                 for n, k in HTTP_PROMPTS.items()}
+    over_http["HTTP: decode tok/s, one streamed chat"] = lambda s: s.decode(args.decode * 2)
+    over_http["HTTP: 8 concurrent streamed chats, aggregate tok/s"] = lambda s: s.concurrent(args.decode * 2)
     for e in engines:  # warm-up: JIT, caches, first-touch of the weights
         e.prefill(128), e.decode(4, 1)
-    prompt_tokens = {s.name: s.prompt_tokens() for s in servers}  # also the servers' warm-up
+    prompt_tokens = {s.name: {n: s.prompt_tokens(k) for n, k in HTTP_PROMPTS.items()} for s in servers}  # + warm-up
     for s in servers:
         s.ttft()
-    results = {(m, e.name): [] for m in measures for e in engines}
+    results: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.repeats):
         for m, f in measures.items():
-            for e in servers if m == http_ttft else engines:
-                results[(m, e.name)].append(1000 * e.ttft() if m == http_ttft else f(e))
-    print(f"\nscout (SmolLM2-135M-Instruct Q4_1), {args.threads} threads, median of {args.repeats}\n")
-    print(f"{'measure':50s} {'loom':>10s} {'llama.cpp':>10s} {'ratio':>8s}")
-    for m in measures:
+            for e in engines:
+                results.setdefault((m, e.name), []).append(f(e))
+        for m, f in over_http.items():
+            for s in servers:
+                results.setdefault((m, s.name), []).append(f(s))
+    print(f"\nscout (SmolLM2-135M-Instruct Q4_1), {args.threads} threads, median of {args.repeats}")
+    print(describe())
+    reference = "llama-bench / llama-server" if args.llama_bin else "llama-cpp-python"
+    print(f"llama.cpp: {reference}\n")
+    print(f"{'measure':55s} {'loom':>10s} {'llama.cpp':>10s} {'ratio':>8s}")
+    for m in [*measures, *over_http]:
         loom = statistics.median(results[(m, "loom")])
-        other = statistics.median(results[(m, "llama.cpp")]) if results.get((m, "llama.cpp")) else float("nan")
+        others = results.get((m, "llama.cpp"), [])
+        other = statistics.median(others) if others else float("nan")
         ratio = (other / loom if "ms" in m else loom / other) if other == other and other else float("nan")
-        print(f"{m:50s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
+        print(f"{m:55s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     other = engines[1].rss() if len(engines) > 1 else float("nan")
-    print(f"{'peak RSS of the engine process (MiB)':50s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
+    print(f"{'peak RSS of the engine process (MiB)':55s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
     rss = [s.rss() for s in servers] + [float("nan")] * (2 - len(servers))
-    print(f"{'peak RSS of the HTTP server process (MiB)':50s} {rss[0]:10.0f} {rss[1]:10.0f} {rss[0] / rss[1]:8.2f}")
-    print(f"chat prompt over HTTP: {', '.join(f'{n} {c} tokens' for n, c in prompt_tokens.items())} (its own template)")
+    print(f"{'peak RSS of the HTTP server process (MiB)':55s} {rss[0]:10.0f} {rss[1]:10.0f} {rss[0] / rss[1]:8.2f}")
+    for name, counts in prompt_tokens.items():
+        print(f"chat prompts over HTTP, {name}: " + ", ".join(f"~{n}: {c} tokens" for n, c in counts.items())
+              + " (its own template)")
     print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's); "
           "for RSS the ratio is Loom's / llama.cpp's")
     for e in [*engines, *servers]:
         e.close()
-
 
 if __name__ == "__main__":
     main()

@@ -142,10 +142,8 @@ def k_attention(qkv, y, heads, S, scale, ws):
 '''
 
 
-# softmax_scaled's passes over whole vectors of 16, as LLVM IR (numba's LLVM picks 8-wide
-# vectors for the plain loops on AVX-512 machines and leaves the max pass scalar). Each applies
-# the same operations to each element as the scalar loop after it, so the bits are the same.
-SOFTMAX_VECTOR_SOURCE = '''
+# A counted loop in LLVM IR, for intrinsics that emit vector code (also loomc/lower/qdot.py's).
+VECTOR_LOOP_SOURCE = '''
 def _lm_vector_loop(builder, count, inits, body):
     # for i in 0..count: values = body(i, values); the values' final state (inits when count is 0)
     from llvmlite import ir as llir
@@ -175,7 +173,12 @@ def _lm_vector_loop(builder, count, inits, body):
         out.add_incoming(v, loop)
         outs.append(out)
     return outs
+'''
 
+# softmax_scaled's passes over whole vectors of 16, as LLVM IR (numba's LLVM picks 8-wide
+# vectors for the plain loops on AVX-512 machines and leaves the max pass scalar). Each applies
+# the same operations to each element as the scalar loop after it, so the bits are the same.
+SOFTMAX_VECTOR_SOURCE = VECTOR_LOOP_SOURCE + '''
 
 def _lm_vec_codegen(kind):
     def codegen(context, builder, sig, args):

@@ -12,6 +12,51 @@ QTYPES = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1, 
 BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 MOTIFS = Path(__file__).resolve().parents[2] / "loomc" / "motifs"
 
+# NUMBA_CPU_NAME / NUMBA_CPU_FEATURES of SIMD classes that tests compile for in a subprocess.
+BASELINE = ("x86-64", "+64bit,+sse,+sse2,+cx8,+fxsr,+mmx,+cmov")
+AVX2 = ("haswell", "+64bit,+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,"
+                   "+lzcnt,+movbe,+cx16,+cmov")
+
+
+_CLASS_CHILD = """
+import importlib, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+module, function = sys.argv[2].split(":")
+compute = getattr(importlib.import_module(module), function)
+np.savez(sys.argv[4], **compute(dict(np.load(sys.argv[3]))))
+"""
+
+
+def assert_same_bits_in_classes(classes, compute: str, data: dict, here: dict, tmp_path: Path) -> None:
+    """Run `compute` ("test_module:function", data dict -> dict of arrays) on `data` in a subprocess
+    compiled for each (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES) of `classes`; assert every array
+    equals `here`'s bit for bit."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    np.savez(tmp_path / "in.npz", **data)
+    for cpu, features in classes:
+        out = tmp_path / f"{cpu}.npz"
+        env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+        run = subprocess.run([sys.executable, "-c", _CLASS_CHILD, str(Path(__file__).parent), compute,
+                              str(tmp_path / "in.npz"), str(out)], env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        there = np.load(out)
+        for name, value in here.items():
+            np.testing.assert_array_equal(there[name], value, err_msg=json.dumps([cpu, name]))
+
+
+def host_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists `flag` for this CPU (False where there is no such file)."""
+    try:
+        return any(flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("flags"))
+    except OSError:
+        return False
+
 
 def quantized(rng: np.random.Generator, qtype: str, rows: int, cols: int, scale: float = 1.0):
     """Random f32 weights quantized by gguf's reference quantizer: (GGUF bytes, dequantized f32)."""

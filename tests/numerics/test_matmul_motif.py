@@ -10,26 +10,20 @@ SIMD class (baseline x86-64 without FMA; AVX2 when this host has AVX-512) in a s
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numba
 import numpy as np
 import pytest
-from numerics_testlib import fma_chain
+from numerics_testlib import AVX2, BASELINE, assert_same_bits_in_classes, fma_chain, host_has
 
 from loomc.check import load_files
 from loomc.run.compile import compile_command
 
 FIXTURE = Path(__file__).parent / "fixtures" / "matmul.loom"
 
-# NUMBA_CPU_NAME / NUMBA_CPU_FEATURES of the SIMD classes compiled in a subprocess.
-BASELINE = ("x86-64", "+64bit,+sse,+sse2,+cx8,+fxsr,+mmx,+cmov")
-AVX2 = ("haswell", "+64bit,+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,"
-                   "+lzcnt,+movbe,+cx16,+cmov")
 
 
 @pytest.fixture(scope="module")
@@ -169,14 +163,6 @@ def test_thread_count_does_not_change_the_bits(product, rng):
     np.testing.assert_array_equal(product(a, b), one)
 
 
-def _host_has(flag: str) -> bool:
-    try:
-        return any(flag in line.split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("flags"))
-    except OSError:
-        return False
-
-
 def compute_everything(data: dict) -> dict:
     """The matmul and attention motifs and three kernels that lean on the target (fma, sqrt and division, f16
     scales read with or without F16C), on `data`; run here and in the subprocess."""
@@ -199,32 +185,13 @@ def compute_everything(data: dict) -> dict:
     return out
 
 
-_CHILD = """
-import sys
-import numpy as np
-sys.path.insert(0, sys.argv[1])
-from test_matmul_motif import compute_everything
-np.savez(sys.argv[3], **compute_everything(dict(np.load(sys.argv[2]))))
-"""
-
-
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
                     reason="the SIMD classes compared here are x86-64's")
 def test_other_simd_classes_compute_the_same_bits(rng, tmp_path):
     from numerics_testlib import random_blocks
 
-    classes = [BASELINE] + ([AVX2] if _host_has("avx512f") else [])
+    classes = [BASELINE] + ([AVX2] if host_has("avx512f") else [])
     data = {"a": rand(rng, 37, 101), "b": rand(rng, 29, 101), "x": rand(rng, 9, 96, scale=3.0),
             "w": rand(rng, 96), "bias": rand(rng, 96), "q4_1": random_blocks(rng, "q4_1", (13, 96)),
             "qkv": rand(rng, 2 * 17, 3 * 2 * 24)}
-    np.savez(tmp_path / "in.npz", **data)
-    here = compute_everything(data)
-    for cpu, features in classes:
-        out = tmp_path / f"{cpu}.npz"
-        env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
-        run = subprocess.run([sys.executable, "-c", _CHILD, str(Path(__file__).parent), str(tmp_path / "in.npz"),
-                              str(out)], env=env, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stderr[-2000:]
-        there = np.load(out)
-        for name, value in here.items():
-            np.testing.assert_array_equal(there[name], value, err_msg=json.dumps([cpu, name]))
+    assert_same_bits_in_classes(classes, "test_matmul_motif:compute_everything", data, compute_everything(data), tmp_path)

@@ -7,31 +7,35 @@ reference is `AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=flo
 Ours packs the three prompts as three rows of one step over a shuffled paged KV cache.
 
 * **Logits.** `prefill_logits` gives each row's last-position logits. The reference
-  dequantizes every q4_1/q8_0 block to f32 (d * q + m, exact in f32) and runs torch; our
-  kernels read the same blocks and compute the same products, so the two differ only in
-  the f32 summation order of the dot products (576 / 1536 terms) and reductions, compounded
-  through 30 residual layers. Measured (x86-64, 2 cores, torch 2.13, numba): max |ours - ref|
-  = 3.2e-5, 2.9e-5, 4.1e-5 for the three prompts, against max |ref| of 25.3, 30.8, 28.7,
-  i.e. 0.9e-6 .. 1.4e-6 of the logit scale (a few dozen f32 ulps at that scale). The bound
-  is max |ours - ref| <= 1e-4 * max |ref| (about 2.5e-3 absolute): ~50x headroom over the
-  measurement for other SIMD widths, thread splits or BLAS reduction orders, while a change
-  of the math (a wrong scale or min, a mis-permuted q/k, the half-split RoPE, a wrong eps
-  or rope base, a dropped layer, a cache slot read from the wrong page) moves the logits
-  by 1e-2 of the scale or far more. The argmax and the top-5 set must agree too: the
+  dequantizes every q4_1/q8_0 block to f32 (d * q + m, exact in f32) and runs torch. Our
+  projections read the same blocks but quantize their input rows to 16-bit codes per block of
+  32 first (the integer-dot motifs `matmul_q4_1_i16` / `matmul_q8_0_i16`,
+  loomc/lower/qdot.py): each input element moves by at most 1/65534 of its block's largest,
+  and that, compounded through 30 residual layers, is most of the difference. Measured
+  (x86-64, 2 cores, torch 2.13, numba): max |ours - ref| = 4.8e-3, 3.3e-3, 3.0e-3 for the three
+  prompts, against max |ref| of 25.3, 30.8, 28.7, i.e. 1.0e-4 .. 1.9e-4 of the logit scale
+  (with the f32 kernels it was 3e-5 .. 4e-5 absolute, the summation order alone). The bound
+  is max |ours - ref| <= 5e-4 * max |ref| (about 0.013 absolute): 2.6x headroom over the
+  measurement, while a change of the math (a wrong scale or min, a mis-permuted q/k, the
+  half-split RoPE, a wrong eps or rope base, a dropped layer, a cache slot read from the
+  wrong page, codes of 8 bits instead of 16: 4.5e-2 of the scale, measured) moves the
+  logits by 1e-2 of the scale or far more. The argmax and the top-5 set must agree too: the
   reference's top-1/top-2 gaps are 0.08, 0.66, 0.22 and its 5th/6th gaps 0.18, 0.13, 0.034,
-  all far above the noise.
+  all above the difference.
 * **Teacher forcing.** 512 tokens of English prose (`fixtures/english_text.txt`), fed one
   token per step to `prefill_logits` over one row's KV cache and in one forward to the
   reference: the argmax at each position must agree at >= 99% of positions (issue 22's bound
-  for a kernel change that alters the numbers; today's kernels agree everywhere), and the
+  for a kernel change that alters the numbers; today's kernels agree at 512 of 512), and the
   largest logit difference is printed with the agreement.
 * **Greedy continuations.** 32 tokens each, not stopping at <|im_end|> (the rows keep
   decoding past it, which exercises more of the cache): ours runs the packed prefill and
   31 packed decode steps through `prefill_decode` at temperature 0, the reference a manual
   argmax loop over its own KV cache. The ids must be identical. On the reference
   trajectories the smallest top-1/top-2 logit gap over all 96 steps measured 0.0068 (row 2;
-  0.082 and 0.11 for rows 0 and 1), ~150x the logit difference above, so exact equality is
-  not a coin flip; a failure message reports the gap at the first divergence. Greedy output:
+  0.082 and 0.11 for rows 0 and 1). That is only ~1.4x the largest logit difference above, so
+  row 2 holds by a thin margin; it is still deterministic, not a coin flip, because every
+  kernel here gives the same bits on every SIMD class and thread split (test_matmul_motif.py,
+  test_qdot_motif.py). A failure message reports the gap at the first divergence. Greedy output:
     0: "The capital of France is Paris.<|im_end|>\n<|im_end|><|im_start|>system\n..."
     1: "1. Add 17 and 25: 17 + 25 = 32\n2. Multiply 32 by " (the 135M model's arithmetic)
     2: "I'm so glad you're here. I'm Ada, a feline-friendly AI assistant. ..."
@@ -65,7 +69,7 @@ PAGE_SIZE = 16
 PAGES_PER_ROW = 128  # P = context_length / page_size
 POOL_PAGES = 24
 LAYERS, KV_DIM = 30, 192
-RELATIVE_BOUND = 1e-4  # of max |reference logit|; see the module docstring
+RELATIVE_BOUND = 5e-4  # of max |reference logit|; see the module docstring
 TEXT = Path(__file__).parent / "fixtures" / "english_text.txt"   # original prose, written for this test
 TEACHER_TOKENS = 512
 AGREEMENT = 0.99   # issue 22's bound for a kernel whose numbers change

@@ -1,0 +1,175 @@
+"""The integer-dot motifs `matmul_q4_1_i16` and `matmul_q8_0_i16`: the contract of
+docs/language.md §11 bit for bit, its error against f32, batch invariance, every SIMD class.
+
+The contract (loomc/lower/qdot.py): each 32-block of a row of x becomes 16-bit codes
+q = rint(x * (1 / d)) with d = max |x| / 32767 (and s = d * sum(q)); per block the exact
+integer dot with the weight's codes in 16 lanes (lane j: elements 2j and 2j + 1), added
+as acc[j] = fma(f32(p[j]), dw * dx, acc[j]) in block order; q4_1 adds
+mins = fma(mw, s, mins) in block order; then a fixed pairwise fold of the 16 lanes, + mins.
+The reference below computes that with exact rationals, each rounding once where the
+contract rounds, from the GGUF blocks that gguf's own quantizer wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loomc.check import load_files
+from loomc.lower import qdot
+from loomc.run.compile import compile_command
+from numerics_testlib import AVX2, BASELINE, assert_same_bits_in_classes, f32_nearest, host_has, quantized
+
+FIXTURE = Path(__file__).parent / "fixtures" / "qdot.loom"
+MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16"}
+
+# The SIMD classes compiled in a subprocess: no AVX (plain vector IR), AVX2 (vpmaddwd on ymm),
+# and AVX-512 of 2017 (vpmaddwd on zmm, no VNNI or FP16).
+AVX512 = ("skylake-avx512", AVX2[1] + ",+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512cd")
+
+
+def run_motif(dtype: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    y = np.zeros((x.shape[0], blocks.shape[0]), np.float32)
+    workspace = np.zeros(qdot.workspace_elems(*x.shape), np.float32)
+    qdot.load_function(MOTIF[dtype])(*qdot.launch_arguments(MOTIF[dtype], [x, blocks, y], workspace))
+    return y
+
+
+def weight_codes(dtype: str, blocks: np.ndarray):
+    """(dw, mw or None, codes [N, B, 32]) read from the GGUF bytes."""
+    n = blocks.shape[0]
+    b = blocks.reshape(n, -1, qdot.BLOCK_BYTES[dtype])
+    dw = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if dtype == "q4_1":
+        raw = b[..., 4:].astype(np.int64)
+        return dw, b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32), np.concatenate([raw & 15, raw >> 4], -1)
+    return dw, None, b[..., 2:].view(np.int8).astype(np.int64)
+
+
+def activation_codes(x: np.ndarray):
+    """(d, s, codes [T, B, 32]) as the contract quantizes x: IEEE f32 division and product."""
+    xb = x.reshape(x.shape[0], -1, 32)
+    d = np.abs(xb).max(-1) / np.float32(32767)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    codes = np.rint(xb * inv[..., None]).astype(np.int64)
+    return d, d * codes.sum(-1).astype(np.float32), codes
+
+
+def fma(a, b, c) -> np.float32:
+    return f32_nearest(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c)))
+
+
+def contract(dtype: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    dw, mw, wq = weight_codes(dtype, blocks)
+    dx, sx, xq = activation_codes(x)
+    y = np.zeros((x.shape[0], blocks.shape[0]), np.float32)
+    for t in range(x.shape[0]):
+        for n in range(blocks.shape[0]):
+            acc = [np.float32(0)] * 16
+            mins = np.float32(0)
+            for b in range(wq.shape[1]):
+                lanes = (wq[n, b] * xq[t, b]).reshape(16, 2).sum(-1)
+                scale = dw[n, b] * dx[t, b]
+                acc = [fma(float(lanes[j]), scale, acc[j]) for j in range(16)]
+                if mw is not None:
+                    mins = fma(mw[n, b], sx[t, b], mins)
+            v = np.array(acc, np.float32)
+            v = v[:8] + v[8:]
+            v = v[:4] + v[4:]
+            v = v[:2] + v[2:]
+            y[t, n] = v[0] + v[1] + mins if mw is not None else v[0] + v[1]
+    return y
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("t, k, n", [(1, 32, 1), (3, 96, 9), (5, 64, 13), (4, 576, 4), (9, 160, 6), (2, 1536, 3)])
+def test_bits_equal_the_contract(rng, dtype, t, k, n):
+    blocks, _ = quantized(rng, dtype, n, k)
+    x = (rng.standard_normal((t, k)) * 3).astype(np.float32)
+    x[0, :32] = 0   # an all-zero block: scale 0, codes 0
+    if k >= 64:
+        x[-1, 40] = 900.0   # an outlier: its block's other codes get coarse
+    np.testing.assert_array_equal(run_motif(dtype, x, blocks), contract(dtype, x, blocks))
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_error_is_at_most_half_a_code_step(rng, dtype):
+    # against y = x . dequantize(w)^T in float64: rounding x to codes moves each element by at
+    # most d / 2, so |error| <= sum over blocks of d / 2 * sum |w| there, plus the f32 roundings
+    # of the accumulation (far smaller: 1e-6 of sum |x w|)
+    t, k, n = 7, 576, 300
+    blocks, w = quantized(rng, dtype, n, k)
+    x = (rng.standard_normal((t, k)) * np.exp(rng.standard_normal((t, k)))).astype(np.float32)
+    got = run_motif(dtype, x, blocks).astype(np.float64)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    d, _, _ = activation_codes(x)
+    step = (d.astype(np.float64)[:, None, :] / 2 * np.abs(w.astype(np.float64)).reshape(n, -1, 32).sum(-1)[None]).sum(-1)
+    bound = step + 1e-6 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T)
+    assert (np.abs(got - exact) <= bound).all()
+    # and the error is real quantization, not a lucky zero: the rounding errors of 576 codes
+    # are independent, so they add like a random walk, a few percent of the worst-case sum
+    assert 0.005 < float(np.mean(np.abs(got - exact) / bound)) < 0.2
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+def test_a_row_gives_the_same_bits_alone_or_batched(rng, dtype):
+    blocks, _ = quantized(rng, dtype, 23, 192)   # 5 tasks of 4 rows of w and a partial one
+    x = (rng.standard_normal((11, 192)) * 2).astype(np.float32)
+    batched = run_motif(dtype, x, blocks)
+    for lo, hi in [(0, 1), (3, 4), (0, 4), (1, 6), (2, 11), (10, 11)]:
+        np.testing.assert_array_equal(run_motif(dtype, x[lo:hi], blocks), batched[lo:hi])
+
+
+def test_commands_dispatch_both_motifs(rng):
+    checked = load_files([FIXTURE])
+    assert checked.ok, checked.diagnostics
+    program = compile_command(checked, "project")
+    w4, _ = quantized(rng, "q4_1", 32, 64)
+    w8, _ = quantized(rng, "q8_0", 10, 32)
+    x = (rng.standard_normal((5, 64))).astype(np.float32)
+    out = program.run({}, {}, {"x": x, "w4": w4, "w8": w8})
+    hidden = run_motif("q4_1", x, w4)
+    np.testing.assert_array_equal(out["y"], run_motif("q8_0", hidden, w8))
+
+
+def test_launch_arguments_refuse_what_the_driver_cannot_read(rng):
+    blocks, _ = quantized(rng, "q4_1", 8, 64)
+    x = np.zeros((3, 64), np.float32)
+    ws = np.zeros(qdot.workspace_elems(3, 64), np.float32)
+    with pytest.raises(ValueError, match="contiguous"):
+        qdot.launch_arguments("matmul_q4_1_i16", [np.zeros((3, 128), np.float32)[:, ::2], blocks,
+                                                  np.zeros((3, 8), np.float32)], ws)
+    with pytest.raises(ValueError, match="workspace"):
+        qdot.launch_arguments("matmul_q4_1_i16", [x, blocks, np.zeros((3, 8), np.float32)], ws[:-1])
+    with pytest.raises(ValueError, match="do not make"):
+        qdot.launch_arguments("matmul_q8_0_i16", [x, blocks, np.zeros((3, 8), np.float32)], ws)
+
+
+def compute_all(data: dict) -> dict:
+    """Both motifs on `data` (x and each dtype's blocks): run here and in the subprocesses."""
+    return {d: run_motif(d, data["x"], data[d]) for d in ("q4_1", "q8_0")}
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="the SIMD classes compared here are x86-64's")
+def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
+    classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512] if host_has("avx512bw") else [])
+    data = {"x": (rng.standard_normal((6, 96)) * 2).astype(np.float32)}
+    for dtype in ("q4_1", "q8_0"):
+        data[dtype], _ = quantized(rng, dtype, 9, 96)
+    assert_same_bits_in_classes(classes, "test_qdot_motif:compute_all", data, compute_all(data), tmp_path)
+
+
+@pytest.mark.skipif(not host_has("avx2"), reason="vpmaddwd is emitted for AVX2 and AVX-512 hosts")
+def test_the_hot_loop_uses_the_integer_dot_instruction(tmp_path):
+    import re
+
+    function = qdot.load_function("matmul_q4_1_i16", tmp_path)   # a fresh cache: numba keeps no asm for cached code
+    function(*qdot.argument_examples("matmul_q4_1_i16"))
+    asm = function.inspect_asm(function.signatures[0])
+    assert re.search(r"\bvpmaddwd\b", asm), "no vpmaddwd in the compiled motif"
