@@ -4,7 +4,8 @@ Run by hand (never in CI):
 
     .venv/bin/python bench/text.py [--repeats 3] [--decode 64] [--threads 2] [--llama-bin DIR]
 
-Measures, as medians over interleaved repeats (Loom, llama.cpp, Loom, llama.cpp, ...):
+Measures, as medians over interleaved repeats (Loom, llama.cpp, Loom, llama.cpp, ...; the
+in-process figures first, then the servers are started for the HTTP ones):
   decode tok/s at batch 1 (context 128-255), aggregate decode tok/s with 8 concurrent
   streams, prefill tok/s for 128 and 512 prompt tokens, time to first token of a 64-token
   prompt (in process, through the service's first published token); over HTTP (`loomd
@@ -420,21 +421,24 @@ def main() -> None:
         "prefill tok/s, 512 tokens": lambda e: e.prefill(512),
         "time to first token, 64-token prompt (ms)": lambda e: 1000 * e.ttft(),
     }
-    servers = http_servers(args.threads, len(engines) > 1, args.llama_bin)
     over_http = {f"HTTP: time to first token, ~{n}-token chat (ms)": (lambda s, k=k: 1000 * s.ttft(k))
                  for n, k in HTTP_PROMPTS.items()}
     over_http["HTTP: decode tok/s, one streamed chat"] = lambda s: s.decode(args.decode * 2)
     over_http["HTTP: 8 concurrent streamed chats, aggregate tok/s"] = lambda s: s.concurrent(args.decode * 2)
     for e in engines:  # warm-up: JIT, caches, first-touch of the weights
         e.prefill(128), e.decode(4, 1)
-    prompt_tokens = {s.name: {n: s.prompt_tokens(k) for n, k in HTTP_PROMPTS.items()} for s in servers}  # + warm-up
-    for s in servers:
-        s.ttft()
+    # In-process figures first, then the servers start for the HTTP figures: on a 2-core
+    # machine nothing else should be alive while an engine is timed in process.
     results: dict[tuple[str, str], list[float]] = {}
     for _ in range(args.repeats):
         for m, f in measures.items():
             for e in engines:
                 results.setdefault((m, e.name), []).append(f(e))
+    servers = http_servers(args.threads, len(engines) > 1, args.llama_bin)
+    prompt_tokens = {s.name: {n: s.prompt_tokens(k) for n, k in HTTP_PROMPTS.items()} for s in servers}  # + warm-up
+    for s in servers:
+        s.ttft()
+    for _ in range(args.repeats):
         for m, f in over_http.items():
             for s in servers:
                 results.setdefault((m, s.name), []).append(f(s))
