@@ -30,11 +30,12 @@ agrees with transformers everywhere (tests/numerics/test_scout_reference.py). 8-
 as llama.cpp uses, were measured at 4.5e-2 of the scale and 96 % agreement there.
 
 How it runs: one pass quantizes every row of x into the workspace (codes, then scales, then
-sums); then a task per 4 rows of w runs all T rows of x against them, TOKENS rows of x at a
-time (4 with AVX-512's 32 vector registers, else 1): each weight block is read from memory
-once per call and unpacked once per TOKENS rows of x, and each activation block's load serves
-4 rows of w. With one row of x (decode), each block runs as two halves of 16 elements on ymm
-registers, whose accumulators are the contract's lanes 0..7 and 8..15: on AVX-512 the 512-bit
+sums); then a task per 4 rows of w runs all T rows of x against them in tiles (`tile_shape`:
+4 x 4 with AVX-512's 32 vector registers, else 2 x 2): each weight block is read from memory
+once per call and unpacked once per tile, and each activation block's load serves a tile's
+rows of w. With one row of x (decode), and always without AVX-512, each block runs as two
+halves of 16 elements on ymm registers, whose accumulators are the contract's lanes 0..7 and
+8..15: on AVX-512 the 512-bit
 form spends most of its time on the one port that shuffles 512-bit vectors (joining the
 unpacked nibbles, broadcasting the scale), and the halves were 15-25 % faster per core.
 """
@@ -55,11 +56,13 @@ BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}       # bytes per weight block
 ROWS = 4                                    # rows of w per task: one activation load serves them
 
 
-def tokens_per_tile() -> int:
-    """Rows of x per dot tile: its ROWS x TOKENS accumulators must stay in vector registers."""
+def tile_shape() -> tuple[int, int]:
+    """(rows of w, rows of x) per dot tile at T > 1: its accumulators must stay in vector
+    registers. AVX-512: 4 x 4 accumulators of 16 lanes (16 of 32 zmm); else 2 x 2 pairs of 8
+    lanes (8 of 16 ymm)."""
     from loomc.lower.matmul import _target_has_avx512
 
-    return 4 if _target_has_avx512() else 1
+    return (4, 4) if _target_has_avx512() else (2, 2)
 
 
 def workspace_elems(rows: int, depth: int) -> int:
@@ -91,7 +94,8 @@ def FUNCTION(x, w, y, ws):
             span = TOKENS if t + TOKENS <= T else 1
             q, d, s = t * K, codes + t, sums + t
             if n + ROWS <= N and span == TOKENS:
-                _lm_dot_tile(w, n * rb, rb, ws, q, d, s, B, K, T, y, t * N + n, N)
+                for sub in range(0, ROWS, TILE_ROWS):
+                    _lm_dot_tile(w, (n + sub) * rb, rb, ws, q, d, s, B, K, T, y, t * N + n + sub, N)
             elif n + ROWS <= N:
                 _lm_dot_rows(w, n * rb, rb, ws, q, d, s, B, K, T, y, t * N + n, N)
             else:
@@ -291,16 +295,21 @@ def _lm_dot_codegen(rows, tokens):
         pairs = rows * tokens   # accumulators in order r * tokens + u; then a vector of minimum sums per r
 
         def half_block(b, values):
-            # one row of x, each block as two halves of 16 elements in <8 x f32> accumulators
-            # (lanes 0..7 and 8..15 of the contract's 16): on AVX-512 this keeps the unpacking
-            # and the scale's broadcast off the one port that shuffles 512-bit vectors
-            accs, mins = values[:2 * rows], values[2 * rows:]
-            xq = [builder.load(builder.bitcast(builder.gep(codes[0], [builder.add(builder.mul(b, llir.Constant(i64, 32)),
-                                                                                  llir.Constant(i64, 16 * h))]),
-                                               v16s.as_pointer()), align=2) for h in range(2)]
+            # each block as two halves of 16 elements in <8 x f32> accumulators (lanes 0..7 and
+            # 8..15 of the contract's 16), two per (r, u) in order (r * tokens + u) * 2 + h: on
+            # AVX-512 this keeps the unpacking and the scale's broadcast off the one port that
+            # shuffles 512-bit vectors; on AVX2 it is the registers' own width
+            accs, mins = values[:2 * pairs], values[2 * pairs:]
+            xq = [[builder.load(builder.bitcast(builder.gep(codes[u], [builder.add(builder.mul(b, llir.Constant(i64, 32)),
+                                                                                   llir.Constant(i64, 16 * h))]),
+                                                v16s.as_pointer()), align=2) for h in range(2)] for u in range(tokens)]
             at_b = builder.mul(b, stride)
-            dx = builder.load(builder.gep(scales, [at_b]), align=4)
-            sx = builder.load(builder.gep(sums, [at_b]), align=4) if Q4 else None
+            if tokens == 1:
+                dx = builder.load(builder.gep(scales, [at_b]), align=4)
+                sx = builder.load(builder.gep(sums, [at_b]), align=4) if Q4 else None
+            else:
+                dx = builder.load(builder.bitcast(builder.gep(scales, [at_b]), vt.as_pointer()), align=4)
+                sx = builder.load(builder.bitcast(builder.gep(sums, [at_b]), vt.as_pointer()), align=4) if Q4 else None
             new_accs, new_mins = [], []
             for r in range(rows):
                 at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
@@ -315,12 +324,20 @@ def _lm_dot_codegen(rows, tokens):
                     wq = [builder.sext(builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 2 + 16 * h)]),
                                                                     v16b.as_pointer()), align=1), v16s)
                           for h in range(2)]
-                scale = splat(builder.fmul(halves[0], dx), 8)
-                for h in range(2):
-                    p = _lm_dot8(builder, wq[h], xq[h])
-                    new_accs.append(builder.call(fma8, [builder.sitofp(p, v8f), scale, accs[2 * r + h]]))
-                if Q4:
+                if tokens == 1:
+                    row_scales = [splat(builder.fmul(halves[0], dx), 8)]
+                else:
+                    products = builder.fmul(splat(halves[0], tokens), dx)   # dw * dx of each row of x
+                    row_scales = [spread(products, u, 8) for u in range(tokens)]
+                for u in range(tokens):
+                    for h in range(2):
+                        p = _lm_dot8(builder, wq[h], xq[u][h])
+                        new_accs.append(builder.call(fma8, [builder.sitofp(p, v8f), row_scales[u],
+                                                            accs[(r * tokens + u) * 2 + h]]))
+                if Q4 and tokens == 1:
                     new_mins.append(builder.call(fma1, [halves[1], sx, mins[r]]))
+                elif Q4:
+                    new_mins.append(builder.call(fmat, [splat(halves[1], tokens), sx, mins[r]]))
             return new_accs + new_mins
 
         def block(b, values):
@@ -356,12 +373,14 @@ def _lm_dot_codegen(rows, tokens):
             return new_accs + new_mins
 
         zero16, zeros = llir.Constant(v16f, [0.0] * 16), llir.Constant(vt, [0.0] * tokens)
-        split = tokens == 1 and _lm_target_has("avx2")
+        split = _lm_target_has("avx2") and (tokens == 1 or not _lm_target_has("avx512bw"))
         if split:
-            values = _lm_vector_loop(builder, blocks, [llir.Constant(v8f, [0.0] * 8)] * (2 * rows)
-                                     + [llir.Constant(f32, 0.0)] * (rows if Q4 else 0), half_block)
-            values = [builder.fadd(values[2 * r], values[2 * r + 1]) for r in range(rows)] + [
-                builder.insert_element(zeros, m, llir.Constant(i32, 0)) for m in values[2 * rows:]]
+            minimum = llir.Constant(f32, 0.0) if tokens == 1 else zeros
+            values = _lm_vector_loop(builder, blocks, [llir.Constant(v8f, [0.0] * 8)] * (2 * pairs)
+                                     + [minimum] * (rows if Q4 else 0), half_block)
+            values = [builder.fadd(values[2 * i], values[2 * i + 1]) for i in range(pairs)] + [
+                builder.insert_element(zeros, m, llir.Constant(i32, 0)) if tokens == 1 else m
+                for m in values[2 * pairs:]]
         else:
             values = _lm_vector_loop(builder, blocks, [zero16] * pairs + [zeros] * (rows if Q4 else 0), block)
         for r in range(rows):
@@ -395,7 +414,7 @@ def _lm_dot_typer(rows, tokens):
     return typer
 
 
-_lm_dot_tile = intrinsic(_lm_dot_typer(ROWS, TOKENS))     # ROWS rows of w x TOKENS rows of x
+_lm_dot_tile = intrinsic(_lm_dot_typer(TILE_ROWS, TOKENS))     # TILE_ROWS rows of w x TOKENS rows of x
 _lm_dot_rows = intrinsic(_lm_dot_typer(ROWS, 1))
 _lm_dot_tokens = intrinsic(_lm_dot_typer(1, TOKENS))
 _lm_dot_one = intrinsic(_lm_dot_typer(1, 1))
@@ -416,7 +435,8 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: y = x . w^T, {dtype} w against x quantized to 8 bits per block of 32, "
               f"integer dot products (loomc/lower/qdot.py)\n")
-    constants = f"ROWS = {ROWS}\nTOKENS = {tokens_per_tile()}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\nQ4 = {dtype == 'q4_1'}\n"
+    tile_rows, tile_tokens = tile_shape()
+    constants = f"ROWS = {ROWS}\nTILE_ROWS = {tile_rows}\nTOKENS = {tile_tokens}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\nQ4 = {dtype == 'q4_1'}\n"
     driver = _DRIVER.replace("FUNCTION", function_name(motif))
     return header + IMPORTS + "\n" + constants + VECTOR_LOOP_SOURCE + _INTRINSICS + "\n" + driver
 
