@@ -35,9 +35,9 @@ sums); then a task per 4 rows of w runs all T rows of x against them in tiles (`
 once per call and unpacked once per tile, and each activation block's load serves a tile's
 rows of w. With one row of x (decode), and always without AVX-512, each block runs as two
 halves of 16 elements on ymm registers, whose accumulators are the contract's lanes 0..7 and
-8..15: on AVX-512 the 512-bit
-form spends most of its time on the one port that shuffles 512-bit vectors (joining the
-unpacked nibbles, broadcasting the scale), and the halves were 15-25 % faster per core.
+8..15: on AVX-512 the 512-bit form spends most of its time on the one port that shuffles
+512-bit vectors (joining the unpacked nibbles, broadcasting the scale), and the halves were
+15-25 % faster per core.
 """
 
 from __future__ import annotations
