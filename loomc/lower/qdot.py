@@ -294,6 +294,21 @@ def _lm_dot_codegen(rows, tokens):
         row_starts = [builder.gep(weights, [builder.mul(rb, llir.Constant(i64, r))]) for r in range(rows)]
         pairs = rows * tokens   # accumulators in order r * tokens + u; then a vector of minimum sums per r
 
+        def block_scales(b, vector):
+            # block b's activation scales and q4_1 sums: the tile's rows of x as one vector, or
+            # one row's as scalars
+            at_b = builder.mul(b, stride)
+            if not vector:
+                return (builder.load(builder.gep(scales, [at_b]), align=4),
+                        builder.load(builder.gep(sums, [at_b]), align=4) if Q4 else None)
+            return (builder.load(builder.bitcast(builder.gep(scales, [at_b]), vt.as_pointer()), align=4),
+                    builder.load(builder.bitcast(builder.gep(sums, [at_b]), vt.as_pointer()), align=4) if Q4 else None)
+
+        def weight_block(r, b):
+            # (byte pointer to block b of the tile's row r of w, its scale and q4_1 minimum as f32)
+            at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
+            return at, _lm_halves(builder, at, 2 if Q4 else 1)
+
         def half_block(b, values):
             # each block as two halves of 16 elements in <8 x f32> accumulators (lanes 0..7 and
             # 8..15 of the contract's 16), two per (r, u) in order (r * tokens + u) * 2 + h: on
@@ -303,17 +318,10 @@ def _lm_dot_codegen(rows, tokens):
             xq = [[builder.load(builder.bitcast(builder.gep(codes[u], [builder.add(builder.mul(b, llir.Constant(i64, 32)),
                                                                                    llir.Constant(i64, 16 * h))]),
                                                 v16s.as_pointer()), align=2) for h in range(2)] for u in range(tokens)]
-            at_b = builder.mul(b, stride)
-            if tokens == 1:
-                dx = builder.load(builder.gep(scales, [at_b]), align=4)
-                sx = builder.load(builder.gep(sums, [at_b]), align=4) if Q4 else None
-            else:
-                dx = builder.load(builder.bitcast(builder.gep(scales, [at_b]), vt.as_pointer()), align=4)
-                sx = builder.load(builder.bitcast(builder.gep(sums, [at_b]), vt.as_pointer()), align=4) if Q4 else None
+            dx, sx = block_scales(b, tokens > 1)
             new_accs, new_mins = [], []
             for r in range(rows):
-                at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
-                halves = _lm_halves(builder, at, 2 if Q4 else 1)
+                at, halves = weight_block(r, b)
                 if Q4:
                     raw = builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 4)]), v16b.as_pointer()),
                                        align=1)
@@ -344,13 +352,10 @@ def _lm_dot_codegen(rows, tokens):
             accs, mins = values[:pairs], values[pairs:]
             xs = [builder.load(builder.bitcast(builder.gep(codes[u], [builder.mul(b, llir.Constant(i64, 32))]),
                                                v32s.as_pointer()), align=2) for u in range(tokens)]
-            at_b = builder.mul(b, stride)
-            dx = builder.load(builder.bitcast(builder.gep(scales, [at_b]), vt.as_pointer()), align=4)
-            sx = builder.load(builder.bitcast(builder.gep(sums, [at_b]), vt.as_pointer()), align=4) if Q4 else None
+            dx, sx = block_scales(b, True)
             new_accs, new_mins = [], []
             for r in range(rows):
-                at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
-                halves = _lm_halves(builder, at, 2 if Q4 else 1)
+                at, halves = weight_block(r, b)
                 dw = halves[0]
                 if Q4:
                     raw = builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 4)]), v16b.as_pointer()),
