@@ -47,12 +47,13 @@ from pathlib import Path
 import numpy as np
 
 from loomc import LOOMC_VERSION
+from loomc.ir.module import QUANT_BLOCK_BYTES, QUANT_BLOCK_ELEMS
 from loomc.lower.attention import VECTOR_LOOP_SOURCE
 
 # The motifs this module serves: name -> the weights' dtype.
 MOTIFS = {"matmul_q4_1_i16": "q4_1", "matmul_q8_0_i16": "q8_0"}
-BLOCK = 32                                  # elements per GGUF block, and per activation scale
-BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}       # bytes per weight block
+BLOCK = QUANT_BLOCK_ELEMS                   # elements per GGUF block, and per activation scale
+BLOCK_BYTES = {dtype: QUANT_BLOCK_BYTES[dtype] for dtype in MOTIFS.values()}   # bytes per weight block
 ROWS = 4                                    # rows of w per task: one activation load serves them
 
 
