@@ -212,12 +212,17 @@ def _lm_vec_codegen(kind):
             (top,) = _lm_vector_loop(builder, count_v, [builder.load(part, align=4)],
                                      lambda i, v: [later(v[0], builder.fmul(builder.load(at(i, 16), align=4), splat(a_v)))])
             builder.store(top, part, align=4)
-        elif kind == "exp":   # s = softmax_scaled's exp(max(s * a - b, -87))
+        elif kind == "exp":   # s = softmax_scaled's exp(max(s * a - b, -87)); b a scalar, or 16 (one per lane)
             fma, floor = intrinsic("fma"), intrinsic("floor")
+            if isinstance(sig.args[4], types.Array):
+                top = builder.load(builder.bitcast(context.make_array(sig.args[4])(context, builder, b_v).data,
+                                                   vec.as_pointer()), align=4)
+            else:
+                top = splat(b_v)
 
             def body(i, v):
                 p = at(i, 16)
-                x = later(builder.fsub(builder.fmul(builder.load(p, align=4), splat(a_v)), splat(b_v)), const(-87.0))
+                x = later(builder.fsub(builder.fmul(builder.load(p, align=4), splat(a_v)), top), const(-87.0))
                 kk = builder.call(floor, [builder.fadd(builder.fmul(x, const(1.4426950216293335)), const(0.5))])
                 r = builder.call(fma, [kk, const(-0.693359375), x])
                 r = builder.call(fma, [kk, const(0.00021219444170128554), r])
@@ -246,10 +251,16 @@ def _lm_vec_codegen(kind):
             lo, hi = _lm_vector_loop(builder, count_v, [builder.load(lo_p, align=4), builder.load(hi_p, align=4)], body)
             builder.store(lo, lo_p, align=4)
             builder.store(hi, hi_p, align=4)
-        else:   # "mul": s = s * a
+        else:   # "mul": s = s * a; a a scalar, or 16 (one per lane)
+            if isinstance(sig.args[3], types.Array):
+                factor = builder.load(builder.bitcast(context.make_array(sig.args[3])(context, builder, a_v).data,
+                                                      vec.as_pointer()), align=4)
+            else:
+                factor = splat(a_v)
+
             def body(i, v):
                 p = at(i, 16)
-                builder.store(builder.fmul(builder.load(p, align=4), splat(a_v)), p, align=4)
+                builder.store(builder.fmul(builder.load(p, align=4), factor), p, align=4)
                 return v
 
             _lm_vector_loop(builder, count_v, [llir.Constant(i64, 0)], body)

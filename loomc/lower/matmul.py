@@ -128,27 +128,29 @@ def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
 
 
 TILE_SOURCE = '''
-@intrinsic
-def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t, ldt):
-    # t[j * ldt + i] = fma chain over k < kn of ap[a_off + k * MR + i] * b[b_off + j * ldb + k],
-    # continuing from the values in t: NR accumulators of <MR x f32> held in registers. The
-    # main loop takes UNROLL steps of k per iteration, the tail loop one; both apply the
-    # steps in increasing k, so the chain is the same whatever kn is.
-    if not all(isinstance(x, types.Array) for x in (ap, b, t)):
-        return None
-
+def _lm_tile_codegen(strided):
+    # The tile body for `_lm_gemm_tile` (strided False: ldk 1, all NR rows) and
+    # `_lm_gemm_tile_rows` (strided: b's k stride ldk, only rows j < valid read and stored)
     def codegen(context, builder, sig, args):
         from llvmlite import ir as llir
 
-        ap_v, a_off_v, b_v, b_off_v, ldb_v, kn_v, t_v, ldt_v = args
         f32 = llir.FloatType()
         i32 = llir.IntType(32)
         i64 = llir.IntType(64)
+        if strided:
+            ap_v, a_off_v, b_v, b_off_v, ldb_v, ldk_v, valid_v, kn_v, t_v, ldt_v = args
+            t_arg = 8
+        else:
+            ap_v, a_off_v, b_v, b_off_v, ldb_v, kn_v, t_v, ldt_v = args
+            ldk_v, valid_v, t_arg = llir.Constant(i64, 1), llir.Constant(i64, NR), 6
         vec = llir.VectorType(f32, MR)
         ap_p = builder.gep(context.make_array(sig.args[0])(context, builder, ap_v).data, [a_off_v])
         b_base = builder.gep(context.make_array(sig.args[2])(context, builder, b_v).data, [b_off_v])
-        rows = [builder.gep(b_base, [builder.mul(ldb_v, llir.Constant(i64, j))]) for j in range(NR)]
-        t_p = context.make_array(sig.args[6])(context, builder, t_v).data
+        live = [builder.icmp_signed("<", llir.Constant(i64, j), valid_v) for j in range(NR)]
+        # a row past `valid` reads row 0 (memory that exists) and is never stored
+        rows = [builder.gep(b_base, [builder.select(live[j], builder.mul(ldb_v, llir.Constant(i64, j)),
+                                                    llir.Constant(i64, 0))]) for j in range(NR)]
+        t_p = context.make_array(sig.args[t_arg])(context, builder, t_v).data
         fma = cgutils.get_or_insert_function(builder.module, llir.FunctionType(vec, [vec, vec, vec]),
                                              "llvm.fma.v%df32" % MR)
         undef = llir.Constant(vec, None)
@@ -161,7 +163,7 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t, ldt):
             a = builder.load(vptr(ap_p, builder.mul(k, llir.Constant(i64, MR))), align=4)
             out = []
             for row, acc in zip(rows, accs):
-                bj = builder.load(builder.gep(row, [k]))
+                bj = builder.load(builder.gep(row, [k if not strided else builder.mul(k, ldk_v)]))
                 bv = builder.shuffle_vector(builder.insert_element(undef, bj, llir.Constant(i32, 0)), undef, splat)
                 out.append(builder.call(fma, [a, bv, acc]))
             return out
@@ -197,15 +199,41 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t, ldt):
                 out.add_incoming(acc, body)
             return k_out, outs
 
-        t_rows = [builder.mul(ldt_v, llir.Constant(i64, j)) for j in range(NR)]
+        t_rows = [builder.select(live[j], builder.mul(ldt_v, llir.Constant(i64, j)), llir.Constant(i64, 0))
+                  for j in range(NR)]
         start = [builder.load(vptr(t_p, t_rows[j]), align=4) for j in range(NR)]
         k, accs = counted_loop("tile.main", llir.Constant(i64, 0), start, UNROLL, kn_v)
         _, accs = counted_loop("tile.tail", k, accs, 1, kn_v)
         for j, acc in enumerate(accs):
-            builder.store(acc, vptr(t_p, t_rows[j]), align=4)
+            if strided:
+                with builder.if_then(live[j]):
+                    builder.store(acc, vptr(t_p, t_rows[j]), align=4)
+            else:
+                builder.store(acc, vptr(t_p, t_rows[j]), align=4)
         return context.get_dummy_value()
 
-    return types.none(ap, a_off, b, b_off, ldb, kn, t, ldt), codegen
+    return codegen
+
+
+@intrinsic
+def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t, ldt):
+    # t[j * ldt + i] = fma chain over k < kn of ap[a_off + k * MR + i] * b[b_off + j * ldb + k],
+    # continuing from the values in t: NR accumulators of <MR x f32> held in registers. The
+    # main loop takes UNROLL steps of k per iteration, the tail loop one; both apply the
+    # steps in increasing k, so the chain is the same whatever kn is.
+    if not all(isinstance(x, types.Array) for x in (ap, b, t)):
+        return None
+    return types.none(ap, a_off, b, b_off, ldb, kn, t, ldt), _lm_tile_codegen(False)
+
+
+@intrinsic
+def _lm_gemm_tile_rows(typingctx, ap, a_off, b, b_off, ldb, ldk, valid, kn, t, ldt):
+    # _lm_gemm_tile with b[b_off + j * ldb + k * ldk] (b read in place in any layout: its
+    # elements are loaded one at a time anyway) for the rows j < valid only: rows past it are
+    # neither read from b nor t, nor stored
+    if not all(isinstance(x, types.Array) for x in (ap, b, t)):
+        return None
+    return types.none(ap, a_off, b, b_off, ldb, ldk, valid, kn, t, ldt), _lm_tile_codegen(True)
 '''
 
 # The copies every driver makes, one template each (rendered per source dtype): a panel of MR

@@ -1,0 +1,237 @@
+"""The attention_paged motif on the cpu target: causal grouped-query attention over the paged
+KV cache on the GEMM tile, for prefill chunks and decode tokens alike.
+
+    attention_paged(q: f32[T, QD], rows: i32[T], positions: i32[T], page_table: i32[R, P],
+                    k_cache: f32[N, L, S, KD], v_cache: f32[N, L, S, KD], layer: i64,
+                    heads: i64, kv_heads: i64, scale: f32, out o: f32[T, QD])
+
+What std:attention.loom's `paged_attention` attends (token t of row rows[t] at position p =
+positions[t] reads keys and values 0..p of its row through page_table, query head h reads kv
+head h / (heads / kv_heads), pages with no valid id are skipped, a token with a row or
+position out of range gets zeros), computed the way the `attention` motif computes one
+sequence (loomc/lower/attention.py): every score one fma chain over the head's features
+from +0.0, softmax_scaled's operations on `score * scale` over the keys the token sees (the
+maximum, Cephes' exp clamped at -87, a sum in 32 partials by key position with their fixed
+pairwise fold, one reciprocal, one multiply), then every output element one fma chain over
+keys 0..p from +0.0. So a token's result is a function of its own query and its own row's
+keys only: the same bits alone or packed with other rows, prefilled in one chunk, in several,
+or decoded one token per step (how many tokens share its step never enters), on every SIMD
+class. Equal to the `attention` motif's last row over the sequence 0..p. (One corner: a key
+a token does not see but a token of the same task does enters that token's output chain as
+fma(0, v, acc), which leaves acc unchanged except that a -0.0 accumulator becomes +0.0.)
+
+`paged_attention` keeps an online softmax per (token, head) and folds each score over 32
+lanes: ~250 cycles per key and head, 47 % of a 512-token prefill of scout. Here the tiles do
+the work: a task takes up to 16 (token, query head) lanes of one row that share kv head g,
+token-major (a decode token's heads of one group fill 3 lanes of scout's 16; a prefill chunk
+fills them all) and
+  scores   the GEMM tile with the lanes' queries packed as the vector side and the keys read
+           in place from the cache as the broadcast side: st[n * 16 + i] = q_i . k_n
+  softmax  down the columns: lane i of every key row at once, as 16-lane LLVM IR (the
+           `attention` motif's passes with a maximum per lane); keys a lane does not see
+           are -inf before the maximum and 0 after the exp
+  values   the GEMM tile with those 16-lane rows of probabilities as the vector side (already
+           the layout it reads) and the values read in place, features as rows, as the
+           broadcast side, one call per page and block of features, the chains carried on
+in its own buffers (scores: 64 bytes per key), so nothing is packed per call but 16 queries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from loomc import LOOMC_VERSION
+from loomc.lower import matmul
+from loomc.lower.attention import SOFTMAX_VECTOR_SOURCE
+
+MOTIFS = {"attention_paged"}
+LANES = 16   # (token, head) pairs per task: the tile's vector width
+assert matmul.PANEL_ROWS == LANES, "the scores' rows are the tile's vectors"
+
+_DRIVER = '''
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_mask(st, nk, lanes, lpos, ok, S, value):
+    # st[n * 16 + i] = value where lane i does not see key n: past its position, or on a page
+    # with no valid id (lanes past `lanes` are padding: left alone, never stored)
+    low = nk
+    for i in range(lanes):
+        low = min(low, lpos[i] + 1)
+    for n in range(low, nk):
+        for i in range(lanes):
+            if n > lpos[i]:
+                st[n * 16 + i] = value
+    for pi in range(ok.size):
+        if not ok[pi]:
+            for n in range(pi * S, min(nk, pi * S + S)):
+                for i in range(16):
+                    st[n * 16 + i] = value
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, N, L, S, KD, layer, g, E, scale, o):
+    # one task: lanes pair0 .. pair0 + 16 of row `row`'s (token, head of group g) pairs
+    lanes = min(16, count * hpg - pair0)
+    tok = np.zeros(16, np.int64)
+    col = np.zeros(16, np.int64)
+    lpos = np.full(16, -1, np.int64)
+    top_pos = 0
+    for i in range(lanes):
+        pair = pair0 + i
+        tok[i] = order[pair // hpg]
+        col[i] = (g * hpg + pair % hpg) * E
+        lpos[i] = positions[tok[i]]
+        top_pos = max(top_pos, lpos[i])
+    nk = top_pos + 1
+    pages = (nk + S - 1) // S
+    qp = np.zeros(E * 16, np.float32)
+    for e in range(E):
+        for i in range(lanes):
+            qp[e * 16 + i] = q[tok[i], col[i] + e]
+    # the scores, st[n * 16 + i] = q_i . k_n: one fma chain over e from +0.0 per element
+    st = np.zeros(pages * S * 16, np.float32)
+    ok = np.zeros(pages, np.bool_)
+    for pi in range(pages):
+        page = page_table[row, pi]
+        ok[pi] = page >= 0 and page < N
+        if ok[pi]:
+            kb = min(S, nk - pi * S)
+            base = ((page * L + layer) * S) * KD + g * E
+            for j0 in range(0, kb, NR):
+                _lm_gemm_tile_rows(qp, 0, kf, base + j0 * KD, KD, 1, min(NR, kb - j0), E, st[(pi * S + j0) * 16:], 16)
+    # softmax_scaled down each lane's column of keys 0 .. its position
+    _lm_mask(st, nk, lanes, lpos, ok, S, np.float32(-np.inf))
+    top = np.full(16, np.float32(-3.0000000054977558e+38), np.float32)
+    _lm_max16(st, 0, nk, scale, top)
+    _lm_exp16(st, 0, nk, scale, top)
+    _lm_mask(st, nk, lanes, lpos, ok, S, np.float32(0.0))
+    part = np.zeros(32 * 16, np.float32)   # part[c * 16 + i]: lane i's sum of keys n with n % 32 == c
+    for b in range(nk // 32):
+        for z in range(32 * 16):
+            part[z] = part[z] + st[b * 512 + z]
+    for n in range(nk // 32 * 32, nk):
+        for i in range(16):
+            part[(n % 32) * 16 + i] = part[(n % 32) * 16 + i] + st[n * 16 + i]
+    for width in (16, 8, 4, 2, 1):
+        for z in range(width * 16):
+            part[z] = part[z] + part[z + width * 16]
+    inv = np.zeros(16, np.float32)
+    for i in range(16):
+        total = np.float32(0.0) + part[i]
+        if total > np.float32(0.0):   # 0 only for a lane that sees no key (every page missing)
+            inv[i] = np.float32(1.0) / total
+    _lm_mul16(st, 0, nk, inv, inv)
+    # the outputs, acc[e * 16 + i] = chain over keys of p_in * v_n[e], page by page
+    fblocks = (E + NR - 1) // NR
+    acc = np.zeros(fblocks * NR * 16, np.float32)
+    for pi in range(pages):
+        if ok[pi]:
+            page = page_table[row, pi]
+            base = ((page * L + layer) * S) * KD + g * E
+            kb = min(S, nk - pi * S)
+            for fb in range(fblocks):
+                _lm_gemm_tile_rows(st, pi * S * 16, vf, base + fb * NR, 1, KD, min(NR, E - fb * NR), kb, acc[fb * NR * 16:], 16)
+    for i in range(lanes):
+        for e in range(E):
+            o[tok[i], col[i] + e] = acc[e * 16 + i]
+
+
+@njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
+def k_attention_paged(q, rows, positions, page_table, k_cache, v_cache, layer, heads, kv_heads, scale, o):
+    T, QD = q.shape
+    R = page_table.shape[0]
+    N, L, S, KD = k_cache.shape
+    E = QD // heads
+    hpg = heads // kv_heads
+    scale = np.float32(scale)
+    # each row's tokens in packed order; a token with no row or position gets zeros
+    count = np.zeros(R, np.int64)
+    for t in range(T):
+        r = rows[t]
+        if r >= 0 and r < R and positions[t] >= 0 and positions[t] < page_table.shape[1] * S and layer >= 0 and layer < L:
+            count[r] += 1
+        else:
+            for c in range(QD):
+                o[t, c] = np.float32(0.0)
+    start = np.zeros(R + 1, np.int64)
+    blocks = np.zeros(R + 1, np.int64)
+    for r in range(R):
+        start[r + 1] = start[r] + count[r]
+        blocks[r + 1] = blocks[r] + (count[r] * hpg + 15) // 16
+    order = np.empty(start[R], np.int64)
+    fill = start.copy()
+    for t in range(T):
+        r = rows[t]
+        if r >= 0 and r < R and positions[t] >= 0 and positions[t] < page_table.shape[1] * S and layer >= 0 and layer < L:
+            order[fill[r]] = t
+            fill[r] += 1
+    block_row = np.empty(blocks[R], np.int64)
+    for r in range(R):
+        for b in range(blocks[r], blocks[r + 1]):
+            block_row[b] = r
+    kf = k_cache.reshape(-1)
+    vf = v_cache.reshape(-1)
+    for task in prange(blocks[R] * kv_heads):
+        b = task // kv_heads
+        r = block_row[b]
+        _lm_attend(q, order[start[r]:start[r + 1]], (b - blocks[r]) * 16, count[r], hpg, r, positions, page_table,
+                   kf, vf, N, L, S, KD, layer, task % kv_heads, E, scale, o)
+'''
+
+
+def function_name(motif: str = "attention_paged") -> str:
+    return f"k_{motif}"
+
+
+def render_module(motif: str = "attention_paged") -> str:
+    """The generated numba module of the motif, written to the kernel cache like every kernel."""
+    import numba
+
+    from loomc.lower.numba_helpers import IMPORTS, helpers_for
+
+    header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
+              f"# motif {motif}: causal grouped-query attention over the paged cache on the GEMM tile "
+              f"(loomc/lower/paged_attention.py), tile {matmul.PANEL_ROWS} x {matmul.TILE_COLS}\n")
+    constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\n"
+    helpers = "".join(h + "\n\n" for h in helpers_for(_DRIVER))
+    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE + "\n" + _DRIVER
+
+
+def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:
+    """No shared workspace: each task allocates its own scores (64 bytes per key it reads)."""
+    return 0
+
+
+def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
+    """The driver's arguments for a dispatch's operands, after the checks the motif's signature
+    cannot make (they depend on its scalars); ValueError when one fails."""
+    q, rows, positions, page_table, k_cache, v_cache, layer, heads, kv_heads, scale, o = values
+    heads, kv_heads = int(heads), int(kv_heads)
+    qd, kd = q.shape[1], k_cache.shape[3]
+    if heads < 1 or kv_heads < 1 or qd % heads or heads % kv_heads:
+        raise ValueError(f"{qd} query features are not {heads} heads in groups over {kv_heads} kv heads")
+    if kd != kv_heads * (qd // heads):
+        raise ValueError(f"the cache's {kd} features are not {kv_heads} kv heads of {qd // heads}")
+    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        raise ValueError("the caches must be contiguous (they are read in place)")
+    return q, rows, positions, page_table, k_cache, v_cache, int(layer), heads, kv_heads, float(scale), o
+
+
+def argument_examples(motif: str = "attention_paged") -> tuple:
+    """One value of each argument's exact type as dispatch passes them, for compiling ahead."""
+    i32 = np.zeros(1, np.int32)
+    cache = np.zeros((1, 1, 1, 1), np.float32)
+    return (np.zeros((1, 1), np.float32), i32, i32, np.zeros((1, 1), np.int32), cache, cache, 0, 1, 1, 1.0,
+            np.zeros((1, 1), np.float32))
+
+
+def load_function(motif: str = "attention_paged", cache_dir: Path | None = None):
+    """The compiled (lazily, then cached on disk) numba dispatcher: it takes the operands in
+    the signature's order."""
+    from loomc.lower.numba import ensure_module, load_module, module_path
+
+    text = render_module(motif)
+    path = module_path(text, cache_dir)
+    ensure_module(path, text)
+    return getattr(load_module(path), function_name(motif))
