@@ -136,9 +136,9 @@ class Bench:
                   64 * 612 + y.nbytes, lambda: table[ids])
 
     def attention(self) -> None:
-        heads, kv_heads, hd, page, ctx = 9, 3, 64, 16, 256
-        pages_per_row = ctx // page
-        for rows_count, decode in ((4, True), (1, False)):
+        heads, kv_heads, hd, page = 9, 3, 64, 16
+        for rows_count, decode, ctx in ((1, True, 256), (4, True, 256), (1, False, 256), (1, False, 512)):
+            pages_per_row = ctx // page
             num_pages = rows_count * pages_per_row
             k_cache = self.rng.standard_normal((num_pages, 1, page, kv_heads * hd)).astype(np.float32)
             v_cache = self.rng.standard_normal((num_pages, 1, page, kv_heads * hd)).astype(np.float32)
@@ -172,8 +172,24 @@ class Bench:
                 return out
 
             label = f"paged_attention ctx={ctx} {'decode R=' + str(rows_count) if decode else 'prefill T=' + str(ctx)}"
-            self.case(label, "paged_attention", (q, rows, positions, table, k_cache, v_cache, 0, heads, kv_heads,
-                                                 np.float32(1 / np.sqrt(hd)), o), flops, nbytes, numpy_attention)
+            args = (q, rows, positions, table, k_cache, v_cache, 0, heads, kv_heads, np.float32(1 / np.sqrt(hd)), o)
+            self.case(label, "paged_attention", args, flops, nbytes, numpy_attention)
+            self.motif_case("attention_paged" + label[len("paged_attention"):], "attention_paged", args, flops, nbytes,
+                            numpy_attention)
+
+    def motif_case(self, label: str, motif: str, args: tuple, flops: float, nbytes: float, baseline) -> None:
+        """`case` for a compiler motif (loomc/lower/motifs.py), called with its dispatch's arguments."""
+        from loomc.lower.motifs import lowering_of
+
+        if self.only and self.only not in label:
+            return
+        lowering = lowering_of(motif)
+        fn = lowering.load_function(motif)
+        launch = lowering.launch_arguments(motif, list(args), np.zeros(0, np.float32))
+        t, t50 = timings(lambda: fn(*launch), self.reps)
+        tb, _ = timings(baseline, self.reps)
+        print(f"{label:<38} {t * 1e6:8.1f} us ({t50 * 1e6:8.1f}) {flops / t / 1e9:6.2f} GFLOP/s {nbytes / t / 1e9:6.2f} GB/s"
+              f" | numpy {tb * 1e6:8.1f} us {flops / tb / 1e9:6.2f} GFLOP/s | speed {tb / t:5.2f}x", flush=True)
 
     def sampling(self) -> None:
         rows_count, vocab = 4, 49152

@@ -374,12 +374,26 @@ class HttpServer:
         self.log.close()
 
 
+def scout_package_with_rows(rows: int) -> Path:
+    """A copy of scout's package (its sources and committed weights; the GGUF stays a package
+    locator) whose document has `rows` rows instead of 4: relative paths resolve inside a
+    package, so the document cannot simply be edited elsewhere."""
+    import shutil
+
+    target = Path(tempfile.mkdtemp(prefix="loom-bench-scout-")) / "scout"
+    shutil.copytree(REPO / "samples" / "scout", target)
+    document = target / "model.json"
+    document.write_text(document.read_text().replace('"rows": 4', f'"rows": {rows}'))
+    return document
+
+
 def http_servers(threads: int, with_llama: bool, bin_dir: Path | None) -> list[HttpServer]:
-    """`loomd serve` on scout's model document and, when llama.cpp is there, llama.cpp's
-    server on the same GGUF with the same thread count: `llama-server` with 8 slots of 2048
-    tokens (scout's document has 4 rows of 2048), else llama-cpp-python's one-sequence server."""
+    """`loomd serve` on scout's package with 8 rows of 2048 tokens (its document has 4; as the
+    in-process figures) and, when llama.cpp is there, llama.cpp's server on the same GGUF with
+    the same thread count: `llama-server` with 8 slots of 2048 tokens, else llama-cpp-python's
+    one-sequence server."""
     servers = [HttpServer("loom", [str(Path(sys.executable).parent / "loomd"), "serve",
-                                   "samples/scout/model.json", "--listen", "127.0.0.1:{port}"], threads)]
+                                   str(scout_package_with_rows(8)), "--listen", "127.0.0.1:{port}"], threads)]
     if bin_dir is not None:
         servers.append(HttpServer("llama.cpp", [str(bin_dir / "llama-server"), "-m", str(resolve_locator(GGUF)),
                                                 "-a", "scout", "-c", "16384", "-np", "8", "-t", str(threads),
@@ -461,6 +475,8 @@ def main() -> None:
     for name, counts in prompt_tokens.items():
         print(f"chat prompts over HTTP, {name}: " + ", ".join(f"~{n}: {c} tokens" for n, c in counts.items())
               + " (its own template)")
+    print("Loom serves scout with 8 rows here, in process and over HTTP (the sample's document has 4); "
+          "llama-server has 8 slots")
     print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's); "
           "for RSS the ratio is Loom's / llama.cpp's")
     for e in [*engines, *servers]:
