@@ -160,17 +160,18 @@ def _lm_vector_loop(builder, count, inits, body):
     for phi, v in zip(phis, inits):
         phi.add_incoming(v, entry)
     values = body(i, phis)
+    latch = builder.block   # the body's last block (not `loop` when the body has loops of its own)
     nxt = builder.add(i, llir.Constant(i64, 1))
-    i.add_incoming(nxt, builder.block)
+    i.add_incoming(nxt, latch)
     for phi, v in zip(phis, values):
-        phi.add_incoming(v, builder.block)
+        phi.add_incoming(v, latch)
     builder.cbranch(builder.icmp_signed("<", nxt, count), loop, done)
     builder.position_at_end(done)
     outs = []
     for phi, v0, v in zip(phis, inits, values):
         out = builder.phi(v0.type)
         out.add_incoming(v0, entry)
-        out.add_incoming(v, loop)
+        out.add_incoming(v, latch)
         outs.append(out)
     return outs
 '''

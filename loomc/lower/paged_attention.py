@@ -34,6 +34,10 @@ fills them all) and
            the layout it reads) and the values read in place, features as rows, as the
            broadcast side, one call per page and block of features, the chains carried on
 in its own buffers (scores: 64 bytes per key), so nothing is packed per call but 16 queries.
+A task of at most FEW lanes (a decode token: scout's 3 heads per kv head) would leave most of
+the tile's 16 lanes idle, so it runs the same chains with keys in the vector lanes for the
+scores (each 16 x 16 block of keys and features loaded by rows and transposed in registers)
+and features in the vector lanes for the values.
 """
 
 from __future__ import annotations
@@ -49,6 +53,109 @@ from loomc.lower.attention import SOFTMAX_VECTOR_SOURCE
 MOTIFS = {"attention_paged"}
 LANES = 16   # (token, head) pairs per task: the tile's vector width
 assert matmul.PANEL_ROWS == LANES, "the scores' rows are the tile's vectors"
+FEW = 4      # at most this many lanes (a decode token's heads of one kv head), keys or features fill the vectors
+
+FEW_SOURCE = '''
+def _lm_few_codegen(kind):
+    # A decode token's few lanes (FEW at most) without the tile's 16: the same chains, keys or
+    # features in the vector lanes instead of (token, head) lanes
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir as llir
+
+        f32, i32, i64 = llir.FloatType(), llir.IntType(32), llir.IntType(64)
+        vec, ivec = llir.VectorType(f32, 16), llir.VectorType(i32, 16)
+        fma = cgutils.get_or_insert_function(builder.module, llir.FunctionType(vec, [vec] * 3), "llvm.fma.v16f32")
+        zero = llir.Constant(vec, [0.0] * 16)
+        values = [context.cast(builder, a, t, types.int64) if isinstance(t, types.Integer) else a
+                  for a, t in zip(args, sig.args)]
+
+        def data(k):
+            return context.make_array(sig.args[k])(context, builder, values[k]).data
+
+        def c64(x):
+            return llir.Constant(i64, x)
+
+        def vload(ptr):
+            return builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
+
+        def vstore(v, ptr):
+            builder.store(v, builder.bitcast(ptr, vec.as_pointer()), align=4)
+
+        def splat(ptr):   # the float at ptr in all 16 lanes (a broadcast from memory)
+            x = builder.load(ptr, align=4)
+            return builder.shuffle_vector(builder.insert_element(llir.Constant(vec, None), x, llir.Constant(i32, 0)),
+                                          llir.Constant(vec, None), llir.Constant(ivec, [0] * 16))
+
+        if kind == "scores":
+            # (qp, kf, base, ld, kb, E, sc): sc[i * 16 + j] = chain over e < E of
+            # fma(qp[e * 16 + i], kf[base + j * ld + e], .) from +0.0, lanes i < FEW, keys j < 16
+            # (keys j >= kb score zero queries' worth: zeros). Each 16 x 16 block of keys and
+            # features is loaded by rows and transposed in registers, so a vector holds one
+            # feature of 16 keys.
+            qp, kf, sc = data(0), data(1), data(6)
+            base, ld, kb, depth = values[2], values[3], values[4], values[5]
+            live = [builder.icmp_signed("<", c64(j), kb) for j in range(16)]
+            rows = [builder.gep(kf, [builder.add(base, builder.mul(builder.select(live[j], c64(j), c64(0)), ld))])
+                    for j in range(16)]
+
+            def chunk(c, accs):
+                off = builder.mul(c, c64(16))
+                v = [builder.select(live[j], vload(builder.gep(rows[j], [off])), zero) for j in range(16)]
+                for h in (8, 4, 2, 1):   # swap the off-diagonal h x h blocks: v[e] = feature off + e of keys 0..15
+                    new = list(v)
+                    for r in range(16):
+                        if (r // h) % 2 == 0:
+                            lo = [l if (l // h) % 2 == 0 else 16 + l - h for l in range(16)]
+                            hi = [l + h if (l // h) % 2 == 0 else 16 + l for l in range(16)]
+                            new[r] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ivec, lo))
+                            new[r + h] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ivec, hi))
+                    v = new
+                for e in range(16):
+                    at = builder.mul(builder.add(off, c64(e)), c64(16))
+                    accs = [builder.call(fma, [splat(builder.gep(qp, [builder.add(at, c64(i))])), v[e], accs[i]])
+                            for i in range(FEW)]
+                return accs
+
+            accs = _lm_vector_loop(builder, builder.sdiv(depth, c64(16)), [zero] * FEW, chunk)
+            for i in range(FEW):
+                vstore(accs[i], builder.gep(sc, [c64(16 * i)]))
+        else:
+            # (st, st_off, vf, base, ld, kb, E, acc): acc[i * E + e] continues its chain over keys
+            # n < kb with fma(st[(st_off + n) * 16 + i], vf[base + n * ld + e], .), lanes i < FEW
+            st, vf, acc = data(0), data(2), data(7)
+            st_off, base, ld, kb, depth = values[1], values[3], values[4], values[5], values[6]
+
+            def chunk(c, unused):
+                off = builder.mul(c, c64(16))
+                slots = [builder.gep(acc, [builder.add(builder.mul(depth, c64(i)), off)]) for i in range(FEW)]
+
+                def key(n, accs):
+                    row = vload(builder.gep(vf, [builder.add(builder.add(base, builder.mul(n, ld)), off)]))
+                    at = builder.mul(builder.add(st_off, n), c64(16))
+                    return [builder.call(fma, [splat(builder.gep(st, [builder.add(at, c64(i))])), row, accs[i]])
+                            for i in range(FEW)]
+
+                accs = _lm_vector_loop(builder, kb, [vload(slot) for slot in slots], key)
+                for slot, a in zip(slots, accs):
+                    vstore(a, slot)
+                return unused
+
+            _lm_vector_loop(builder, builder.sdiv(depth, c64(16)), [c64(0)], chunk)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def _lm_scores_few(typingctx, qp, kf, base, ld, kb, depth, sc):
+    return types.none(qp, kf, base, ld, kb, depth, sc), _lm_few_codegen("scores")
+
+
+@intrinsic
+def _lm_values_few(typingctx, st, st_off, vf, base, ld, kb, depth, acc):
+    return types.none(st, st_off, vf, base, ld, kb, depth, acc), _lm_few_codegen("values")
+'''
+
 
 _DRIVER = '''
 @njit(cache=True, fastmath=False, error_model="numpy")
@@ -92,14 +199,23 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
     # the scores, st[n * 16 + i] = q_i . k_n: one fma chain over e from +0.0 per element
     st = np.zeros(pages * S * 16, np.float32)
     ok = np.zeros(pages, np.bool_)
+    few = lanes <= FEW and E % 16 == 0   # a decode token's heads: keys, not lanes, fill the vectors
+    sc = np.zeros(FEW * 16, np.float32)
     for pi in range(pages):
         page = page_table[row, pi]
         ok[pi] = page >= 0 and page < N
         if ok[pi]:
             kb = min(S, nk - pi * S)
             base = ((page * L + layer) * S) * KD + g * E
-            for j0 in range(0, kb, NR):
-                _lm_gemm_tile_rows(qp, 0, kf, base + j0 * KD, KD, 1, min(NR, kb - j0), E, st[(pi * S + j0) * 16:], 16)
+            if few:
+                for j0 in range(0, kb, 16):
+                    _lm_scores_few(qp, kf, base + j0 * KD, KD, min(16, kb - j0), E, sc)
+                    for j in range(min(16, kb - j0)):
+                        for i in range(lanes):
+                            st[(pi * S + j0 + j) * 16 + i] = sc[i * 16 + j]
+            else:
+                for j0 in range(0, kb, NR):
+                    _lm_gemm_tile_rows(qp, 0, kf, base + j0 * KD, KD, 1, min(NR, kb - j0), E, st[(pi * S + j0) * 16:], 16)
     # softmax_scaled down each lane's column of keys 0 .. its position
     _lm_mask(st, nk, lanes, lpos, ok, S, np.float32(-np.inf))
     top = np.full(16, np.float32(-3.0000000054977558e+38), np.float32)
@@ -122,8 +238,19 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
         if total > np.float32(0.0):   # 0 only for a lane that sees no key (every page missing)
             inv[i] = np.float32(1.0) / total
     _lm_mul16(st, 0, nk, inv, inv)
-    # the outputs, acc[e * 16 + i] = chain over keys of p_in * v_n[e], page by page
-    fblocks = (E + NR - 1) // NR
+    # the outputs: chain over keys of p_in * v_n[e], page by page
+    if few:   # acc[i * E + e], features in the vector lanes
+        acc = np.zeros(FEW * E, np.float32)
+        for pi in range(pages):
+            if ok[pi]:
+                page = page_table[row, pi]
+                base = ((page * L + layer) * S) * KD + g * E
+                _lm_values_few(st, pi * S, vf, base, KD, min(S, nk - pi * S), E, acc)
+        for i in range(lanes):
+            for e in range(E):
+                o[tok[i], col[i] + e] = acc[i * E + e]
+        return
+    fblocks = (E + NR - 1) // NR   # acc[e * 16 + i]
     acc = np.zeros(fblocks * NR * 16, np.float32)
     for pi in range(pages):
         if ok[pi]:
@@ -193,9 +320,9 @@ def render_module(motif: str = "attention_paged") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: causal grouped-query attention over the paged cache on the GEMM tile "
               f"(loomc/lower/paged_attention.py), tile {matmul.PANEL_ROWS} x {matmul.TILE_COLS}\n")
-    constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\n"
+    constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\nFEW = {FEW}\n"
     helpers = "".join(h + "\n\n" for h in helpers_for(_DRIVER))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE + "\n" + _DRIVER
+    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE + FEW_SOURCE + "\n" + _DRIVER
 
 
 def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:

@@ -87,6 +87,8 @@ def test_each_token_is_the_attention_motif_over_its_prefix_bit_for_bit(programs,
 
 
 def test_one_chunk_several_chunks_and_decode_steps_give_the_same_bits(programs, rng):
+    # a decode token's 3 lanes run the few-lane path (keys, then features, in the vectors); a
+    # chunk's 16 the tile: the same chains
     heads, kv_heads, e, tokens = 9, 3, 64, 45
     k, v, table = cache(rng, 1, 3, 16, kv_heads * e)
     q = rng.standard_normal((tokens, heads * e)).astype(np.float32)
