@@ -35,8 +35,8 @@ fills them all) and
            broadcast side, one call per page and block of features, the chains carried on
 in its own buffers (scores: 64 bytes per key), so nothing is packed per call but 16 queries.
 A task of at most FEW lanes (a decode token: scout's 3 heads per kv head) would leave most of
-the tile's 16 lanes idle, so it runs the same chains with keys in the vector lanes for the
-scores (each 16 x 16 block of keys and features loaded by rows and transposed in registers)
+the tile's 16 lanes idle, so, when heads have a multiple of 16 features, it runs the same
+chains with keys in the vector lanes for the scores (each 16 x 16 block of keys and features loaded by rows and transposed in registers)
 and features in the vector lanes for the values.
 """
 
