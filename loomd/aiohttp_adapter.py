@@ -48,6 +48,12 @@ Un-underscored but undocumented aiohttp names this module relies on (aiohttp exp
 - `web.Server`'s `request_handler`, `request_factory`, `handler_cancellation` and
   `connections` attributes (the registered connections, scanned for the bounds), and the
   request factory's call `(message, payload, protocol, writer, task)` (where a handler starts).
+- `web.Server`'s request handler (the Application's `_handle`), wrapped: a request whose
+  target is not a path (CONNECT's authority form `host:port`, the asterisk form `OPTIONS *`)
+  matches no route, so aiohttp's router gives it its own 404 route, whose expect handler sends
+  `100 Continue` before the 404. The wrapper answers such a request that carries `Expect` with
+  `reject_expect` below the application instead (counted like the other answers made below
+  it); every other request reaches the Application untouched.
 - asyncio's `Transport.is_reading()` (public asyncio API, on aiohttp's transport): a body
   deadline does not count time during which aiohttp paused reading.
 - `StreamReader.set_exception()` (with the documented `is_eof()` and `exception()`).
@@ -86,7 +92,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +125,7 @@ def check_aiohttp_version(version: str | None = None) -> None:
 
 #: Renders an error aiohttp detected below the application: (status, text) -> response.
 ErrorRenderer = Callable[[int, str], web.StreamResponse]
+ExpectRefusal = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 READING = ("header", "body")
 #: A connection that has sent nothing may be closed to make room once it has been open this long
@@ -346,13 +353,21 @@ class AdapterServer(web.Server):
     """`web.Server` whose connections use `AdapterProtocol`, bounded to `max_connections` open
     connections and `deadlines.max_reading` connections still reading a request (module
     docstring); a connection that finds no room is sent the raw HTTP response `refusal` and
-    closed. `count` is told the status of every response made below the application."""
+    closed. `count` is told the status of every response made below the application.
+    `reject_expect` answers a request with `Expect` whose target is not a path (module docstring)."""
 
     def __init__(self, handler: Any, *, max_connections: int, refusal: bytes, render_error: ErrorRenderer,
-                 deadlines: Deadlines | None = None, count: BelowAppCounter = _no_count,
-                 request_factory: Any = None, handler_cancellation: bool = False,
+                 reject_expect: ExpectRefusal, deadlines: Deadlines | None = None,
+                 count: BelowAppCounter = _no_count, request_factory: Any = None, handler_cancellation: bool = False,
                  loop: asyncio.AbstractEventLoop | None = None, **protocol_kwargs: Any) -> None:
-        super().__init__(handler, request_factory=request_factory, handler_cancellation=handler_cancellation,
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            if "Expect" in request.headers and not request.rel_url.path.startswith("/"):
+                response = await reject_expect(request)
+                self.count(response.status)
+                return response
+            return await handler(request)
+
+        super().__init__(handle, request_factory=request_factory, handler_cancellation=handler_cancellation,
                          loop=loop, **protocol_kwargs)
         self._loom_loop = loop or asyncio.get_running_loop()
         self._loom_protocol_kwargs = protocol_kwargs
@@ -418,11 +433,13 @@ class AdapterRunner(web.AppRunner):
     `AIOHTTP_SUPPORTED` when constructed."""
 
     def __init__(self, app: web.Application, *, max_connections: int, refusal: bytes, render_error: ErrorRenderer,
-                 deadlines: Deadlines | None = None, count: BelowAppCounter = _no_count, **kwargs: Any) -> None:
+                 reject_expect: ExpectRefusal, deadlines: Deadlines | None = None,
+                 count: BelowAppCounter = _no_count, **kwargs: Any) -> None:
         check_aiohttp_version()
         super().__init__(app, **kwargs)
         self._loom_server_options = {"max_connections": max_connections, "refusal": refusal,
-                                     "render_error": render_error, "deadlines": deadlines, "count": count}
+                                     "render_error": render_error, "reject_expect": reject_expect,
+                                     "deadlines": deadlines, "count": count}
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()  # the Application's own web.Server, never started
@@ -432,4 +449,4 @@ class AdapterRunner(web.AppRunner):
 
 
 __all__ = ["AIOHTTP_REQUIREMENT", "AIOHTTP_SUPPORTED", "SILENT_AFTER_S", "AdapterProtocol", "AdapterRunner",
-           "AdapterServer", "BelowAppCounter", "Deadlines", "ErrorRenderer", "check_aiohttp_version"]
+           "AdapterServer", "BelowAppCounter", "Deadlines", "ErrorRenderer", "ExpectRefusal", "check_aiohttp_version"]

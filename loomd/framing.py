@@ -7,7 +7,8 @@
   refused before reading, a chunked body as soon as it passes the bound (413; the connection
   closes, since the rest of the body is never read).
 - `Expect` is unsupported: 417, and `100 Continue` is never sent (every route, the catch-all
-  included, carries `reject_expect` as its expect handler, which runs before any handler).
+  included, carries `reject_expect` as its expect handler, which runs before any handler; a
+  target no route can match, CONNECT's `host:port` or `OPTIONS *`, gets it below the app).
 - A body that ends early (a truncated chunk or a short Content-Length) is 400, also after the
   client closed its side; a client that closes its side with every body complete has left
   (the connection closes and its handler is cancelled).
@@ -117,7 +118,7 @@ class JsonErrorRunner(AdapterRunner):
     def __init__(self, app: web.Application, *, max_connections: int = 1 << 30, deadlines: Deadlines | None = None,
                  count: BelowAppCounter | None = None, **kwargs) -> None:
         super().__init__(app, max_connections=max_connections, refusal=_busy_response(),
-                         render_error=_below_app_error, deadlines=deadlines,
+                         render_error=_below_app_error, reject_expect=reject_expect, deadlines=deadlines,
                          count=count or _app_counter(app), **kwargs)
 
 

@@ -308,7 +308,10 @@ def test_an_expect_refusal_is_counted_for_its_route(daemon):
     ("GET", "/healthz", False, False),               # known route, no body
     ("GET", "/no/such/route", False, False),         # unknown route, no body
     ("DELETE", "/v1/status", False, False),          # wrong method
-], ids=["known-held", "known-sent", "unknown-held", "known-nobody", "unknown-nobody", "wrong-method"])
+    ("CONNECT", "example.com:443", False, False),    # authority form: no route can match it
+    ("OPTIONS", "*", False, False),                  # asterisk form
+], ids=["known-held", "known-sent", "unknown-held", "known-nobody", "unknown-nobody", "wrong-method", "connect",
+        "asterisk"])
 @pytest.mark.parametrize("unix", [False, True], ids=["tcp", "unix"])
 def test_expect_is_refused_with_417_and_no_100_continue(daemon, case, unix):
     method, path, body, send_body = case
