@@ -188,7 +188,9 @@ def _lm_vec_codegen(kind):
         f32, i32, i64 = llir.FloatType(), llir.IntType(32), llir.IntType(64)
         vec = llir.VectorType(f32, 16)
         ivec = llir.VectorType(i32, 16)
-        s_v, off_v, count_v, a_v, b_v = args
+        # (s, off, count, ...): max and exp take (scale, part/top), sum its lanes, mul its factor
+        s_v, off_v, count_v = args[:3]
+        a_v, b_v = (args[3], args[4]) if kind in ("max", "exp") else (args[3], args[3])
         base = builder.gep(context.make_array(sig.args[0])(context, builder, s_v).data, [off_v])
 
         def at(i, width):   # pointer to the vector of 16 at base + i * width (+ 16 for the second of two)
@@ -239,7 +241,7 @@ def _lm_vec_codegen(kind):
 
             _lm_vector_loop(builder, count_v, [llir.Constant(i64, 0)], body)
         elif kind == "sum":   # b[0:32] += s, 32 elements per step
-            lanes = context.make_array(sig.args[4])(context, builder, b_v).data
+            lanes = context.make_array(sig.args[3])(context, builder, b_v).data
             lo_p = builder.bitcast(lanes, vec.as_pointer())
             hi_p = builder.bitcast(builder.gep(lanes, [llir.Constant(i64, 16)]), vec.as_pointer())
 
@@ -281,13 +283,13 @@ def _lm_exp16(typingctx, s, off, count, scale, top):
 
 
 @intrinsic
-def _lm_sum32(typingctx, s, off, count, unused, lanes):
-    return types.none(s, off, count, unused, lanes), _lm_vec_codegen("sum")
+def _lm_sum32(typingctx, s, off, count, lanes):
+    return types.none(s, off, count, lanes), _lm_vec_codegen("sum")
 
 
 @intrinsic
-def _lm_mul16(typingctx, s, off, count, inv, unused):
-    return types.none(s, off, count, inv, unused), _lm_vec_codegen("mul")
+def _lm_mul16(typingctx, s, off, count, factor):
+    return types.none(s, off, count, factor), _lm_vec_codegen("mul")
 '''
 
 SOFTMAX_ROW_SOURCE = '''
@@ -321,7 +323,7 @@ def _lm_softmax_row(s, row, N, scale):
     lanes = carray(_lm_alloca(32, np.float32), (32,))
     for z in range(32):
         lanes[z] = np.float32(0)
-    _lm_sum32(s, row, N // 32, scale, lanes)
+    _lm_sum32(s, row, N // 32, lanes)
     n0 = N // 32 * 32
     for l in range(min(16, N - n0)):
         lanes[l] = lanes[l] + s[np.uint64(row + n0 + l)]
@@ -334,7 +336,7 @@ def _lm_softmax_row(s, row, N, scale):
     _lm_fold(lanes, 1)
     total = np.float32(0.0) + lanes[0]
     inv = np.float32(1.0) / total
-    _lm_mul16(s, row, N // 16, inv, inv)
+    _lm_mul16(s, row, N // 16, inv)
     for n in range(N // 16 * 16, N):
         s[np.uint64(row + n)] = s[np.uint64(row + n)] * inv
 '''

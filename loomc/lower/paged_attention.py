@@ -237,7 +237,7 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
         total = np.float32(0.0) + part[i]
         if total > np.float32(0.0):   # 0 only for a lane that sees no key (every page missing)
             inv[i] = np.float32(1.0) / total
-    _lm_mul16(st, 0, nk, inv, inv)
+    _lm_mul16(st, 0, nk, inv)
     # the outputs: chain over keys of p_in * v_n[e], page by page
     if few:   # acc[i * E + e], features in the vector lanes
         acc = np.zeros(FEW * E, np.float32)
@@ -274,9 +274,12 @@ def k_attention_paged(q, rows, positions, page_table, k_cache, v_cache, layer, h
     scale = np.float32(scale)
     # each row's tokens in packed order; a token with no row or position gets zeros
     count = np.zeros(R, np.int64)
+    valid = np.zeros(T, np.bool_)
     for t in range(T):
         r = rows[t]
-        if r >= 0 and r < R and positions[t] >= 0 and positions[t] < page_table.shape[1] * S and layer >= 0 and layer < L:
+        valid[t] = (r >= 0 and r < R and positions[t] >= 0 and positions[t] < page_table.shape[1] * S
+                    and layer >= 0 and layer < L)
+        if valid[t]:
             count[r] += 1
         else:
             for c in range(QD):
@@ -289,8 +292,8 @@ def k_attention_paged(q, rows, positions, page_table, k_cache, v_cache, layer, h
     order = np.empty(start[R], np.int64)
     fill = start.copy()
     for t in range(T):
-        r = rows[t]
-        if r >= 0 and r < R and positions[t] >= 0 and positions[t] < page_table.shape[1] * S and layer >= 0 and layer < L:
+        if valid[t]:
+            r = rows[t]
             order[fill[r]] = t
             fill[r] += 1
     block_row = np.empty(blocks[R], np.int64)

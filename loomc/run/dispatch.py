@@ -59,6 +59,11 @@ def _per_call(dispatch: Dispatch) -> bool:
     return False
 
 
+def _motif_error(dispatch: Dispatch, error: ValueError) -> DispatchError:
+    """A motif's refusal of its operands, at the call in the source."""
+    return DispatchError(f"{dispatch.callee} at {dispatch.source.path}:{dispatch.source.line}: {error}")
+
+
 class _Bound:
     """Params and state checked against their declarations, with the ShapePlans built on them."""
 
@@ -177,7 +182,7 @@ class ShapePlan:
         try:
             return lowering_of(d.callee).workspace_for(d.callee, dims, scalars)
         except ValueError as e:   # a size its scalars decide, and they are not known before the call
-            raise DispatchError(f"{d.callee} at {d.source.path}:{d.source.line}: {e}") from None
+            raise _motif_error(d, e) from None
 
     def operand_values(self, bound: _Bound, dispatch: Dispatch, scalars: Mapping[str, Any]) -> list[Any]:
         return [self.array(bound, o, scalars) if isinstance(o, TensorRef) else interpret.evaluate(o, scalars)
@@ -189,7 +194,7 @@ class ShapePlan:
             try:
                 args = lowering_of(dispatch.callee).launch_arguments(dispatch.callee, values, self.workspace)
             except ValueError as e:   # shapes its signature cannot check
-                raise DispatchError(f"{dispatch.callee} at {dispatch.source.path}:{dispatch.source.line}: {e}") from None
+                raise _motif_error(dispatch, e) from None
             return [(program.launchers[dispatch.callee], args)]
         launcher: KernelLauncher = program.launchers[dispatch.callee]
         args = launcher.bind(*values)
