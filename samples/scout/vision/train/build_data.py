@@ -12,18 +12,26 @@ Split (fixed, seed 21, written to `split.json` next to this file):
   * `unseen`: 10 % of the emoji (seeded shuffle), never rendered for training; the eval
     renders each once (`eval_unseen`).
   * `train`: the other 90 %; `AUGS_PER_EMOJI` renderings each with seeds (emoji index, 0..k-1).
-  * `eval_seen`: 150 emoji from `train`, each rendered once more with a seed never used for
-    training (a new augmentation of a seen emoji).
+  * `eval_seen`: 100 emoji from `train`, each rendered once more with a seed never used for
+    training (a new augmentation of a seen emoji). Those 100 renderings are also committed as
+    one picture, `eval_seen.png` (10 x 10 tiles of 224 x 224, in the split's order), so the
+    test suite can ask the served model about them without the font
+    (tests/conformance/test_image_input.py).
 A rendering is fully determined by (codepoint, augmentation seed): `render(cp, seed)`.
 
-Usage: python build_data.py  -> writes split.json (the renders themselves are never stored;
-features.py re-renders them from the split and caches the encoder features outside the repo).
+Usage: python build_data.py  -> writes split.json and eval_seen.png (no other rendering is
+stored; features.py re-renders them from the split and caches the encoder features outside
+the repo).
+
+`names(answer, head)` is the naming rule every evaluation uses (evaluate.py, serve_eval.py,
+the test suite): the head noun appears in the answer as a word, or with a plural "s"/"es".
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 import unicodedata
 from functools import lru_cache
@@ -36,12 +44,14 @@ FONT = "/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf"
 FONT_SIZE = 109
 SIZE = 224
 SEED = 21
-AUGS_PER_EMOJI = 6
+AUGS_PER_EMOJI = 10
 UNSEEN_FRACTION = 0.10
 EVAL_SEEN = 100
 EVAL_SEED_BASE = 1_000_000  # augmentation seeds for eval renderings; training uses 0..AUGS_PER_EMOJI-1
 HERE = Path(__file__).resolve().parent
 SPLIT = HERE / "split.json"
+ATLAS = HERE / "eval_seen.png"   # the eval_seen renderings, ATLAS_COLUMNS to a row, in the split's order
+ATLAS_COLUMNS = 10
 
 # Code point ranges that hold emoji; the font's own coverage decides which exist.
 RANGES = [(0x203C, 0x3299), (0x1F000, 0x1FAFF)]
@@ -89,6 +99,18 @@ def head_noun(cp: int) -> str:
             break
         head.append(w)
     return head[-1]
+
+
+def names(answer: str, word: str) -> bool:
+    """Whether `answer` names `word`: as a whole word, or with a plural "s"/"es"; hyphens read
+    as spaces, case ignored."""
+    return re.search(rf"\b{re.escape(word)}(s|es)?\b", answer.lower().replace("-", " ")) is not None
+
+
+def all_words(answer: str, caption: str) -> bool:
+    """Whether `answer` names every word of the caption's name but its prepositions."""
+    words = [w for w in caption[caption.index(" ") + 1:-1].replace("-", " ").split() if w not in PREPOSITIONS]
+    return all(names(answer, w) for w in words)
 
 
 def emoji() -> list[int]:
@@ -157,9 +179,20 @@ def load_split() -> dict:
     return split
 
 
+def write_eval_atlas(split: dict) -> None:
+    """eval_seen.png: every eval_seen rendering, tiled ATLAS_COLUMNS to a row in the split's order."""
+    entries = split["eval_seen"]
+    rows = -(-len(entries) // ATLAS_COLUMNS)
+    atlas = Image.new("RGB", (SIZE * ATLAS_COLUMNS, SIZE * rows))
+    for i, e in enumerate(entries):
+        atlas.paste(render(e["cp"], e["seed"]), ((i % ATLAS_COLUMNS) * SIZE, (i // ATLAS_COLUMNS) * SIZE))
+    atlas.save(ATLAS, "PNG", optimize=True)
+
+
 if __name__ == "__main__":
     split = build()
     SPLIT.write_text(json.dumps(split, indent=0, ensure_ascii=False) + "\n")
+    write_eval_atlas(split)
     split["train"] = train_entries(split)
     print(f"{split['n_emoji']} emoji: {split['n_train_emoji']} train ({len(split['train'])} renderings), "
           f"{split['n_unseen_emoji']} unseen; eval_seen {len(split['eval_seen'])}, eval_unseen {len(split['eval_unseen'])}")

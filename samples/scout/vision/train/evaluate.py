@@ -16,7 +16,6 @@ Usage: python evaluate.py [--detail auto|low] [--limit N] [--out results.md]
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
@@ -27,18 +26,9 @@ from safetensors.torch import load_file
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from build_data import PREPOSITIONS, load_split  # noqa: E402
+from build_data import all_words, load_split, names  # noqa: E402
 from common import DETAIL_POOL, END, PREFIX, PROMPT, SUFFIX_AFTER_PROMPT, Projector, ids, load_lm, pool8  # noqa: E402
 from features import CACHE  # noqa: E402
-
-
-def names(answer: str, word: str) -> bool:
-    return re.search(rf"\b{re.escape(word)}(s|es)?\b", answer.lower().replace("-", " ")) is not None
-
-
-def all_words(answer: str, caption: str) -> bool:
-    words = [w for w in caption[caption.index(" ") + 1:-1].replace("-", " ").split() if w not in PREPOSITIONS]
-    return all(names(answer, w) for w in words)
 
 
 @torch.no_grad()

@@ -31,8 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[3]
 sys.path.insert(0, str(HERE))
-from build_data import load_split, render  # noqa: E402
-from evaluate import all_words, names  # noqa: E402
+from build_data import all_words, load_split, names, render  # noqa: E402
 
 QUESTION = "What is in this image? Answer in a few words."
 
