@@ -252,7 +252,13 @@ class _Renderer(TargetRenderer):
             getattr(self, "stmt_" + type(s).__name__.lower())(s, depth)
 
     def stmt_declare(self, s: ir.Declare, depth: int) -> None:
-        self.add(depth, f"{var(s.name)} = {self.expr(s.value)}")
+        value = self.expr(s.value)
+        if s.mutable and isinstance(s.value, ir.Ref) and s.dtype in NP_TYPE:
+            # `var f = n` with n a lane index: numba would take f for an alias of its prange
+            # index and refuse the loop when f changes ("overwrite of parallel loop index").
+            # A conversion (same type, same value) starts a new variable instead.
+            value = f"{NP_TYPE[s.dtype]}({value})"
+        self.add(depth, f"{var(s.name)} = {value}")
 
     def stmt_assign(self, s: ir.Assign, depth: int) -> None:
         self.add(depth, f"{var(s.name)} = {self.expr(s.value)}")
