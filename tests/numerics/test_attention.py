@@ -105,8 +105,8 @@ def test_kv_write_skips_missing_pages(kernel, rng):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "h{}-kv{}-d{}-s{}".format(*c))
 def test_rope_kv_write_is_rope_then_kv_write_bit_for_bit(kernel, rng, config):
-    """The fused RoPE + cache write leaves q and both caches exactly as rope_interleaved on
-    q and k followed by kv_write do, in a packed step with a prefill chunk across pages,
+    """The fused RoPE + cache write from [q | k | v] leaves q and both caches exactly as
+    rope_interleaved on q and k followed by kv_write do, in a packed step with a prefill chunk across pages,
     decode tokens, a padding token and a token whose page is missing."""
     heads, kv_heads, hd, page_size = config
     qd, kd = heads * hd, kv_heads * hd
@@ -125,10 +125,12 @@ def test_rope_kv_write_is_rope_then_kv_write_bit_for_bit(kernel, rng, config):
     kernel("rope_interleaved")(k_apart, positions, kv_heads, 10000.0)
     kernel("kv_write")(k_apart, v, rows, positions, page_table, LAYER, k_cache_apart, v_cache_apart)
 
-    k_before = k.copy()
-    kernel("rope_kv_write")(q, k, v, rows, positions, page_table, LAYER, heads, kv_heads, np.float32(10000.0), k_cache,
-                            v_cache)
-    np.testing.assert_array_equal(q, q_apart)
+    qkv = np.concatenate([q, k, v], axis=1)
+    qkv_before = qkv.copy()
+    q_out = np.full_like(q, np.nan)
+    kernel("rope_kv_write")(qkv, rows, positions, page_table, LAYER, heads, kv_heads, np.float32(10000.0), q_out,
+                            k_cache, v_cache)
+    np.testing.assert_array_equal(q_out, q_apart)
     np.testing.assert_array_equal(k_cache, k_cache_apart)
     np.testing.assert_array_equal(v_cache, v_cache_apart)
-    np.testing.assert_array_equal(k, k_before)  # k is read, not rotated in place
+    np.testing.assert_array_equal(qkv, qkv_before)  # k is read, not rotated in place

@@ -67,6 +67,15 @@ def test_swiglu(kernel, rng, shape):
 
 
 @pytest.mark.parametrize("shape", SHAPES[:3])
+def test_swiglu_fused_is_swiglu_on_the_halves(kernel, rng, shape):
+    gate, up = rand(rng, shape, 3.0), rand(rng, shape, 3.0)
+    want, y = np.zeros_like(gate), np.full_like(gate, np.nan)
+    kernel("swiglu")(gate, up, want)
+    kernel("swiglu_fused")(np.concatenate([gate, up], axis=-1), y)
+    np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3])
 def test_residual_add_in_place(kernel, rng, shape):
     x, r = rand(rng, shape), rand(rng, shape)
     want = x + r
