@@ -331,7 +331,12 @@ class CommandChecker:
         local = self.scopes.get(index.name) if isinstance(index, ast.Name) else None
         if local is not None and local.kind == "loop" and isinstance(local.value, tuple):
             first, stop = local.value
-        elif local is None and self.is_static(index):
+        elif any(self.scopes.get(n) is not None for n in _names(index)):
+            # An expression of loop variables or lets (`w[l + 1]`, perhaps under `if l + 1 <
+            # layers`): its values are known once loops unroll and ifs are decided, so
+            # specialization checks each member (L0406 there).
+            return
+        elif self.is_static(index):
             try:
                 first, _ = self.core.const_eval(self.info, index)
             except ConstError:

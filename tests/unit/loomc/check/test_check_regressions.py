@@ -154,6 +154,50 @@ def test_param_family_index_in_range(tmp_path):
     assert run(tmp_path, src) == [("L0406", 10, 12), ("L0406", 12, 16)]
 
 
+def test_param_family_index_of_a_loop_expression_is_checked_at_specialization(tmp_path):
+    """`w[l + 1]` under `if l + 1 < layers` (a layer fusing the next layer's norm) checks
+    clean; its members are known once the loop unrolls and the `if` is decided, so a member
+    outside the family is L0406 at specialization, positioned at the index."""
+    import textwrap
+
+    import pytest
+
+    from loomc.check import load_files
+    from loomc.lower.scalars import LoweringError
+    from loomc.run.compile import compile_command
+
+    src = """
+        config layers: i64 = 3
+        param w[l in 0..layers]: f32[4] = checkpoint("blk.{l}.w")
+        kernel use1(x: f32[N]) {
+            parallel for i in 0..N {
+                let v = x[i]
+            }
+        }
+        command guarded() {
+            for l in 0..layers {
+                if l + 1 < layers {
+                    use1(w[l + 1])
+                }
+            }
+        }
+        command unguarded() {
+            for l in 0..layers {
+                use1(w[l + 1])
+            }
+        }
+        """
+    assert run(tmp_path, src) == []
+    path = tmp_path / "family.loom"
+    path.write_text(textwrap.dedent(src))
+    checked = load_files([path])
+    assert checked.ok, checked.diagnostics
+    compile_command(checked, "guarded")
+    with pytest.raises(LoweringError, match=r"L0406: index 3 is outside family 'w', whose members are 0\.\.3") as e:
+        compile_command(checked, "unguarded")
+    assert (e.value.span.line, e.value.span.column) == (18, 16)
+
+
 def test_conversion_messages_name_the_right_kind_of_type(tmp_path):
     from loomc.check import check_files
 
