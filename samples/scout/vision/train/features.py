@@ -59,25 +59,57 @@ def pool(feats: np.ndarray, k: int) -> np.ndarray:
     return feats.reshape(b, g // k, k, g // k, k, c).mean(axis=(2, 4)).reshape(b, (g // k) ** 2, c)
 
 
+def cached_rows(name: str, entries: list[dict]) -> dict[tuple[int, int], np.ndarray]:
+    """The rows already in the cache, by (code point, seed). `{name}.keys.npy` names them; a
+    cache written before the keys existed is read as the training renderings of its size (every
+    training emoji, seeds 0..k-1, emoji-major), so adding renderings reuses every old row."""
+    path, keys_path = CACHE / f"{name}.npy", CACHE / f"{name}.keys.npy"
+    if not path.exists():
+        return {}
+    rows = np.load(path, mmap_mode="r")
+    if keys_path.exists():
+        keys = [tuple(k) for k in np.load(keys_path).tolist()]
+    elif name == "train" and len(rows) % len({e["cp"] for e in entries}) == 0:
+        cps = sorted({e["cp"] for e in entries})
+        k = len(rows) // len(cps)
+        keys = [(cp, s) for cp in cps for s in range(k)]
+    elif len(rows) == len(entries):
+        keys = [(e["cp"], e["seed"]) for e in entries]
+    else:
+        return {}
+    return {key: rows[i] for i, key in enumerate(keys)}
+
+
 def main() -> None:
     split = load_split()
     CACHE.mkdir(parents=True, exist_ok=True)
     sess = session()
     for name in ("eval_seen", "eval_unseen", "train"):
         entries = split[name]
-        if (CACHE / f"{name}.npy").exists() and len(np.load(CACHE / f"{name}.npy", mmap_mode="r")) == len(entries):
-            print(f"{name}: cached")
-            continue
+        keys = [(e["cp"], e["seed"]) for e in entries]
+        have = cached_rows(name, entries)
         out = np.zeros((len(entries), 64, 384), np.float32)
+        todo = []
+        for i, key in enumerate(keys):
+            if key in have:
+                out[i] = have[key]
+            else:
+                todo.append(i)
+        print(f"{name}: {len(entries) - len(todo)} cached, {len(todo)} to compute", flush=True)
+        if not todo:
+            continue
         t = time.time()
-        for i in range(0, len(entries), 16):
-            batch = np.stack([np.asarray(render(e["cp"], e["seed"])) for e in entries[i:i + 16]])
-            out[i:i + len(batch)] = pool(patch_features(sess, batch), 2)
-            if i % 320 == 0:
-                print(f"{name}: {i + len(batch)}/{len(entries)} {time.time() - t:.0f}s", flush=True)
-        np.save(CACHE / f"{name}.npy", out)
+        for j in range(0, len(todo), 16):
+            idx = todo[j:j + 16]
+            batch = np.stack([np.asarray(render(*keys[i])) for i in idx])
+            out[idx] = pool(patch_features(sess, batch), 2)
+            if j % 320 == 0:
+                print(f"{name}: {j + len(idx)}/{len(todo)} {time.time() - t:.0f}s", flush=True)
+        del have
+        np.save(CACHE / f"{name}.npy.tmp.npy", out)
+        (CACHE / f"{name}.npy.tmp.npy").replace(CACHE / f"{name}.npy")
+        np.save(CACHE / f"{name}.keys.npy", np.array(keys, np.int64))
         print(f"{name}: {out.shape} in {time.time() - t:.0f}s", flush=True)
-
 
 if __name__ == "__main__":
     main()
