@@ -308,12 +308,13 @@ class Specializer:
             sym = None if local is not None else self.core.lookup(frame.info, e.base.name)
             if sym is not None and isinstance(sym.item, ast.Param) and sym.item.family is not None:
                 member = fold_static(scalars.index_value(e.indices[0]))
-                lo, hi = (self.core.const_eval(sym.module, b)[0] for b in (sym.item.family.start, sym.item.family.end))
+                name = self.param(sym)
+                lo, hi = self.params[name].family
                 if isinstance(member, ir.Const) and not lo <= member.value < hi:
                     raise LoweringError(frame.info.path, e.indices[0].span,
                                         f"L0406: index {member.value} is outside family '{e.base.name}', "
                                         f"whose members are {lo}..{hi}")
-                return TensorRef("param", self.param(sym), *self.param_type(sym), member=member)
+                return TensorRef("param", name, *self.param_type(sym), member=member)
             base = self.tensor(frame, e.base)
             leading = tuple(fold_static(scalars.index_value(i)) for i in e.indices)
             return TensorRef(base.kind, base.name, base.dtype, base.dims[len(leading):], base.member,
