@@ -15,12 +15,16 @@ S scores (the recognizer's encoder, 12 x 1500 x 1500: 108 MB per layer), which t
 and wrote again and the second `bmm` read once more; here a task's 16 rows of scores (16 S
 floats) stay in its core's L2 from the first product to the last.
 
-How it runs: the matmul motif's swapped tile (`loomc/lower/matmul.py`). Each (sequence, head)
-has its keys packed into 16-key panels and its values into 16-feature panels, once per call,
-the vector sides; a task takes (sequence, head, 16 queries), runs the score tiles with the
-queries read in place from qkv as the broadcast side (the last partial block from a
-zero-padded copy) storing 16 rows of scores side by side, softmaxes each row in place and runs
-the output tiles with those rows as the broadcast side, in slices of keys that stay in L1.
+How it runs: the matmul motif's swapped tile (`loomc/lower/matmul.py`), the wide one where
+there is one (`matmul.attention_tile`: MR x NR = 32 x 8 on AVX-512, else 16 x 16). Each
+(sequence, head) has its keys packed into MR-key panels and its values into MR-feature panels,
+once per call, the vector sides; a task takes (sequence, head, 16 queries: QB blocks of NR),
+runs each panel of keys over every block of queries while it is in L1 (the queries read in
+place from qkv as the broadcast side, the last partial block from a zero-padded copy), storing
+16 rows of scores side by side, softmaxes each row in place and runs the output tiles with
+those rows as the broadcast side, in slices of keys that stay in L1. (One block of 8 queries
+per task on the wide tile read each panel of keys from L2 once per 8 queries: 1500 keys ran
+0.76x the narrow tile; with 16 queries the wide tile is 1.07x at 257 and 1500 keys.)
 Checked at dispatch, with the shapes: C = 3 D, D a multiple of heads, T a multiple of tokens,
 E <= MAX_HEAD_DIM.
 """
@@ -35,14 +39,15 @@ from loomc import LOOMC_VERSION
 from loomc.lower import matmul
 
 MOTIFS = {"attention"}
-MAX_HEAD_DIM = 256   # features per head: a task's output accumulators (16 rows of them) live on its stack
+MAX_HEAD_DIM = 256   # features per head: a task's output accumulators (QUERIES rows of them) live on its stack
+QUERIES = 16   # queries per task: each panel of keys and of values is reused by this many rows while in L1
 
 
 def workspace_elems(sequences: int, tokens: int, heads: int, head_dim: int) -> int:
     """f32 elements of the workspace one call wants: per (sequence, head), the keys packed in
-    panels of 16 keys and the values in panels of 16 features; then a zero-padded copy of the
-    last partial block of 16 queries of each (sequence, head)."""
-    mr, nr = matmul.PANEL_ROWS, matmul.TILE_COLS
+    panels of MR keys and the values in panels of MR features; then a zero-padded copy of the
+    last partial block of NR queries of each (sequence, head) (`matmul.attention_tile`)."""
+    mr, nr, _ = matmul.attention_tile()
     groups = sequences * heads
     packed_k = groups * -(-tokens // mr) * head_dim * mr
     packed_v = groups * -(-head_dim // mr) * tokens * mr
@@ -101,44 +106,50 @@ def k_attention(qkv, y, heads, S, scale, ws):
     y_flat = y.reshape(-1)
     kc = min(S, KC)
     slices = (S + kc - 1) // max(kc, 1)
-    for task in prange(G * qblocks):
-        g = task // qblocks
-        m0 = (task - g * qblocks) * NR
+    qgroups = (qblocks + QB - 1) // QB
+    NP = kpan * MR
+    for task in prange(G * qgroups):
+        g = task // qgroups
+        q0 = (task - g * qgroups) * QB
+        nq = min(QB, qblocks - q0)
         first = (g // heads) * S
         h = g % heads
-        rows = min(NR, S - m0)
-        if m0 + NR <= S:
-            src = qkv_flat
-            off = (first + m0) * C + h * E
-            ld = C
-        else:
-            src = ws
-            off = packed_k + packed_v + g * NR * E
-            ld = E
-        # the scores of the task's queries, s[j * NP + n] = q[m0 + j] . k[n] (rows padded to whole
-        # panels; rows past S score zero-padded queries): each tile stores its 16 x 16 block in place
-        NP = kpan * MR
-        s = np.empty(NR * NP, np.float32)
-        for i in range(NR * NP):
+        # the scores of the task's queries (QB blocks of NR), s[(q * NR + j) * NP + n] = q[m] . k[n]
+        # (rows padded to whole panels; rows past S score zero-padded queries): each panel of keys
+        # runs over every block while it is in L1, each tile storing its block in place
+        s = np.empty(QB * NR * NP, np.float32)
+        for i in range(QB * NR * NP):
             s[i] = np.float32(0.0)
         for p in range(kpan):
-            _lm_gemm_tile(ws, (g * kpan + p) * E * MR, src, off, ld, E, s[p * MR:], NP)
+            for q in range(nq):
+                m0 = (q0 + q) * NR
+                if m0 + NR <= S:
+                    _lm_gemm_tile(ws, (g * kpan + p) * E * MR, qkv_flat, (first + m0) * C + h * E, C, E,
+                                  s[q * NR * NP + p * MR:], NP)
+                else:
+                    _lm_gemm_tile(ws, (g * kpan + p) * E * MR, ws, packed_k + packed_v + g * NR * E, E, E,
+                                  s[q * NR * NP + p * MR:], NP)
         # each row softmaxed in place with softmax_scaled's operations
-        for j in range(rows):
-            _lm_softmax_row(s, j * NP, S, scale)
+        for q in range(nq):
+            for j in range(min(NR, S - (q0 + q) * NR)):
+                _lm_softmax_row(s, (q * NR + j) * NP, S, scale)
         # the output rows: one fma chain over keys per element, in slices shared by the value panels
         acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))
-        for i in range(vpan * NR * MR):
+        for i in range(nq * vpan * NR * MR):
             acc[i] = np.float32(0.0)
         for t in range(slices):
             k0 = t * kc
             kn = min(kc, S - k0)
             for p in range(vpan):
-                _lm_gemm_tile(ws, packed_k + ((g * vpan + p) * S + k0) * MR, s, k0, NP, kn, acc[p * NR * MR:], MR)
-        for p in range(vpan):
-            for j in range(rows):
-                for i in range(min(MR, E - p * MR)):
-                    y_flat[np.uint64((first + m0 + j) * D + h * E + p * MR + i)] = acc[np.uint64((p * NR + j) * MR + i)]
+                for q in range(nq):
+                    _lm_gemm_tile(ws, packed_k + ((g * vpan + p) * S + k0) * MR, s, q * NR * NP + k0, NP, kn,
+                                  acc[(q * vpan + p) * NR * MR:], MR)
+        for q in range(nq):
+            m0 = (q0 + q) * NR
+            for p in range(vpan):
+                for j in range(min(NR, S - m0)):
+                    for i in range(min(MR, E - p * MR)):
+                        y_flat[np.uint64((first + m0 + j) * D + h * E + p * MR + i)] = acc[np.uint64(((q * vpan + p) * NR + j) * MR + i)]
 '''
 
 
@@ -352,12 +363,14 @@ def render_module(motif: str = "attention") -> str:
 
     from loomc.lower.numba_helpers import IMPORTS, helpers_for
 
+    mr, nr, kc = matmul.attention_tile()
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: y = merge_heads(bmm(softmax_scaled(bmm(q, k), scale), vt)) of split_heads(qkv), without the scores "
-              f"(loomc/lower/attention.py), tile {matmul.PANEL_ROWS} x {matmul.TILE_COLS}\n")
-    constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\nKC = {matmul.K_SLICE}\n"
-    acc = -(-MAX_HEAD_DIM // matmul.PANEL_ROWS) * matmul.TILE_COLS * matmul.PANEL_ROWS
-    driver = _DRIVER.replace("ACC_ELEMS", str(acc)).replace("NR * MR", str(matmul.PANEL_ROWS * matmul.TILE_COLS))
+              f"(loomc/lower/attention.py), tile {mr} x {nr}\n")
+    blocks = max(1, QUERIES // nr)
+    constants = f"MR = {mr}\nNR = {nr}\nUNROLL = {matmul.UNROLL}\nKC = {kc}\nQB = {blocks}\n"
+    acc = blocks * -(-MAX_HEAD_DIM // mr) * nr * mr
+    driver = _DRIVER.replace("ACC_ELEMS", str(acc)).replace("NR * MR", str(mr * nr))
     helpers = "".join(h + "\n\n" for h in helpers_for(driver + SOFTMAX_ROW_SOURCE))
     return (header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE
             + SOFTMAX_ROW_SOURCE + "\n" + driver)

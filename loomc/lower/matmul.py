@@ -45,6 +45,13 @@ stored. Before this order (tasks over blocks of b, each streaming every packed p
 a), a conv's im2col columns (8192 x 864 . 32 x 864) were read from memory once per block:
 51 GFLOP/s there, 140 now (BLAS: 200); 2 threads, Xeon AVX-512.
 
+Two tiles (AVX-512): the narrow one above (panels of 16 rows, 16 broadcasts) and a wide one
+(`wide_tile_shape`: panels of 32 rows, each accumulator <32 x f32> in two zmm, 8 broadcasts,
+k in slices of 192), which loads 10 values per 16 fma instead of 17: 1.05-1.35x faster where
+its panels are full. Each generated module holds both drivers (names suffixed _n and _w) and
+an entry that picks one by the call's shape (`tile_for`); every element is the same chain on
+either, so the choice never changes a bit. Elsewhere the wide tile does not exist.
+
 Each motif is one generated module (like every kernel, `STYLE.md` §14) so numba caches it
 on disk; the dispatcher takes (a, b, c, workspace) with the group dimension in front (1
 for the unbatched motifs) and f16 weights as their uint16 bits.
@@ -52,6 +59,7 @@ for the unbatched motifs) and f16 weights as their uint16 bits.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +89,18 @@ def tile_shape() -> tuple[int, int]:
     return (16, 16) if _target_has_avx512() else (16, 6)
 
 
-PANEL_ROWS, TILE_COLS = tile_shape()   # rows of `a` per packed panel; rows of `b` per tile
+def wide_tile_shape() -> tuple[int, int] | None:
+    """The second tile of the matmul motifs, on AVX-512 only: each accumulator two zmm (32 rows
+    of the panel) across 8 broadcasts, so a step of k loads 2 vectors and 8 scalars for 16 fma,
+    where the narrow tile loads 1 and 16. 1.05-1.35x faster wherever its panels are full
+    (the ViT's, the encoders' and the convolutions' shapes; `tile_for`). AVX2 has no registers
+    for it: there the narrow tile is already two ymm per accumulator."""
+    return (32, 8) if _target_has_avx512() else None
+
+
+PANEL_ROWS, TILE_COLS = tile_shape()   # rows of `a` per packed panel; rows of `b` per tile (the narrow tile)
+WIDE_TILE = wide_tile_shape()
+WIDE_K_SLICE = 192   # the wide panel's slice: 192 x 32 f32 (24 KiB, in L1)
 UNROLL = 4  # steps of k per iteration of the tile loop
 CHUNK_ELEMS = 1 << 18  # f32 elements of b per chunk (1 MiB: half a core's L2 on the machines we run on)
 WIDE_LIMIT = 1 << 23  # most f32 elements (32 MiB) of an f16 weight widened once per call
@@ -113,18 +132,43 @@ def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
     f16 b: the weights widened once per call ([G, N rounded up to NR, K]) when a spans
     several panels and that copy stays under WIDE_LIMIT elements (else each task widens its
     own blocks)."""
+    mr, nr, kc = tile_for(m, k, n)
     if swapped(m, k, n):   # roles swapped: b packed, a's last block padded
-        return groups * -(-n // PANEL_ROWS) * PANEL_ROWS * k + (groups * TILE_COLS * k if m % TILE_COLS else 0)
-    panels, blocks = -(-m // PANEL_ROWS), -(-n // TILE_COLS)
-    per_chunk = max(1, min(CHUNK_ELEMS // (TILE_COLS * max(k, 1)), -(-blocks * panels // TASKS), ACC_BLOCKS))
+        return groups * -(-n // mr) * mr * k + (groups * nr * k if m % nr else 0)
+    panels, blocks = -(-m // mr), -(-n // nr)
+    per_chunk = max(1, min(CHUNK_ELEMS // (nr * max(k, 1)), -(-blocks * panels // TASKS), ACC_BLOCKS))
     chunks = -(-blocks // per_chunk)   # (the driver then evens the chunks out: the same count)
     if MOTIFS[motif][0] == "f32":
-        prepack, extra = chunks > 1, groups * TILE_COLS * k if n % TILE_COLS else 0
+        prepack, extra = chunks > 1, groups * nr * k if n % nr else 0
     else:
-        wide_elems = groups * blocks * TILE_COLS * k
+        wide_elems = groups * blocks * nr * k
         wide = panels > 1 and wide_elems <= WIDE_LIMIT
-        prepack, extra = chunks > 1 or (not wide and k > K_SLICE), wide_elems if wide else 0
-    return (groups * panels * PANEL_ROWS * k if prepack else 0) + extra
+        prepack, extra = chunks > 1 or (not wide and k > kc), wide_elems if wide else 0
+    return (groups * panels * mr * k if prepack else 0) + extra
+
+
+def attention_tile() -> tuple[int, int, int]:
+    """(rows per panel, rows per tile, k per slice) for the fused attention motif
+    (loomc/lower/attention.py): the wide tile where there is one. Its panels are a head's keys
+    (a sequence's length) and features (32 or 64 in our models), which the wide panels fill as
+    well as the narrow ones (2056 x 257 . 64 scores 1.4x, their values 1.5x faster as bmm)."""
+    return WIDE_TILE + (WIDE_K_SLICE,) if WIDE_TILE else (PANEL_ROWS, TILE_COLS, K_SLICE)
+
+
+def _round_up(x: int, step: int) -> int:
+    return -(-x // step) * step
+
+
+def tile_for(m: int, k: int, n: int) -> tuple[int, int, int]:
+    """(rows per panel, rows per tile, k per slice) of the tile a call runs with (the generated
+    entry decides the same): the wide tile when its panels, of a's rows or, roles swapped, of
+    b's, compute at most a tenth more padding lanes than the narrow tile's (48 or 80 rows
+    measured 5% slower on the wide tile; 96, 257 and 2056 8-16% faster)."""
+    panel_side = n if swapped(m, k, n) else m
+    if WIDE_TILE and panel_side >= WIDE_TILE[0] and (
+            _round_up(panel_side, WIDE_TILE[0]) * 10 <= _round_up(panel_side, PANEL_ROWS) * 11):
+        return WIDE_TILE + (WIDE_K_SLICE,)
+    return PANEL_ROWS, TILE_COLS, K_SLICE
 
 
 TILE_SOURCE = '''
@@ -292,7 +336,7 @@ def FUNCTION(a, b, c, ws):
     per_chunk = (blocks + chunks - 1) // chunks   # chunks of even size (72 blocks: 36 + 36, not 42 + 30)
     b_flat = b.reshape(-1)
     c_flat = c.reshape(-1)   # stores index it unsigned: no negative-index wrap, so they vectorize
-    if M > MR and ((M > N and N <= SWAP_N) or K <= SHORT_K):   # `swapped`
+    if M > SWAP_MIN_M and ((M > N and N <= SWAP_N) or K <= SHORT_K):   # `swapped`
         # Many rows of a, few of b (a convolution's columns), or a short k: the roles swap.
         # b is packed once, in panels of MR rows, as the vector side; a's rows are read in
         # place as the broadcast side, NR at a time (the last partial block from a zero-padded
@@ -476,21 +520,59 @@ def render_module(motif: str = "matmul") -> str:
     from loomc.lower.numba_helpers import IMPORTS, helpers_for
 
     b_dtype, batched = MOTIFS[motif]
+    tiles = [("_n", PANEL_ROWS, TILE_COLS, K_SLICE)] + ([("_w", *WIDE_TILE, WIDE_K_SLICE)] if WIDE_TILE else [])
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: c[g, m, n] = fma chain over k of a[g, m, k] * b[g, n, k] "
-              f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tile {PANEL_ROWS} x {TILE_COLS}\n")
-    constants = f"MR = {PANEL_ROWS}\nNR = {TILE_COLS}\nUNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nKC = {K_SLICE}\nTASKS = {TASKS}\nACC_BLOCKS = {ACC_BLOCKS}\nSWAP_N = {SWAP_N}\nSHORT_K = {SHORT_K}\nSWAP_GROUP = {SWAP_GROUP}\nSWAP_PANELS = {-(-SWAP_N // PANEL_ROWS)}\n"
+              f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tiles "
+              + ", ".join(f"{mr} x {nr}" for _, mr, nr, _ in tiles) + "\n")
+    constants = (f"UNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nTASKS = {TASKS}\nACC_BLOCKS = {ACC_BLOCKS}\n"
+                 f"SWAP_N = {SWAP_N}\nSHORT_K = {SHORT_K}\nSWAP_GROUP = {SWAP_GROUP}\nSWAP_MIN_M = {PANEL_ROWS}\n")
+    bodies = []
+    for suffix, mr, nr, kc in tiles:
+        constants += f"MR{suffix} = {mr}\nNR{suffix} = {nr}\nKC{suffix} = {kc}\nSWAP_PANELS{suffix} = {-(-SWAP_N // mr)}\n"
+        bodies.append(_tile_driver_source(motif, suffix, mr, nr, kc))
+    entry = _ENTRY.replace("FUNCTION", function_name(motif))
+    if not WIDE_TILE:
+        entry = entry.replace("if p >= MR_w", "if False and p >= MR_w").replace("FUNCTION_w", "FUNCTION_n")
+    text = "".join(bodies) + entry
+    helpers = "".join(h + "\n\n" for h in helpers_for(text))
+    return header + IMPORTS + "\n" + constants + "\n" + helpers + text
+
+
+# The motif's entry: picks the tile by the call's shape, as `tile_for` does.
+_ENTRY = '''
+
+@njit(cache=True)
+def FUNCTION(a, b, c, ws):
+    M, K = a.shape[1], a.shape[2]
+    N = b.shape[1]
+    p = N if M > SWAP_MIN_M and ((M > N and N <= SWAP_N) or K <= SHORT_K) else M
+    if p >= MR_w and (p + MR_w - 1) // MR_w * MR_w * 10 <= (p + MR_n - 1) // MR_n * MR_n * 11:
+        FUNCTION_w(a, b, c, ws)
+    else:
+        FUNCTION_n(a, b, c, ws)
+'''
+
+# The names each tile's copy of the tile, copies and driver gets its suffix on
+_PER_TILE_NAMES = re.compile(r"\b(MR|NR|KC|SWAP_PANELS|_lm_tile_codegen|_lm_gemm_tile|_lm_gemm_tile_rows|"
+                             r"_lm_pack_rows|_lm_pad_rows|_lm_pack_b)\b")
+
+
+def _tile_driver_source(motif: str, suffix: str, mr: int, nr: int, kc: int) -> str:
+    """The tile intrinsics, copies and driver of `motif` for one tile shape, every name of its
+    own carrying `suffix` (the module holds one such set per tile)."""
+    b_dtype = MOTIFS[motif][0]
     setup, prepare, block = _B_SOURCES[b_dtype]
-    driver = (_DRIVER.replace("FUNCTION", function_name(motif)).replace("SETUP_B", setup).replace("PREPARE_B", prepare)
-              .replace("SWAP_GROUP_ACC_ELEMS", str(SWAP_GROUP * -(-SWAP_N // PANEL_ROWS) * TILE_COLS * PANEL_ROWS))
-              .replace("SWAP_ACC_ELEMS", str(-(-SWAP_N // PANEL_ROWS) * TILE_COLS * PANEL_ROWS))
-              .replace("BLOCK_OF_B", block).replace("PK_ELEMS", str(K_SLICE * PANEL_ROWS))
-              .replace("ACC_ELEMS", str(ACC_BLOCKS * TILE_COLS * PANEL_ROWS)))
-    driver = driver.replace("NR * MR", str(PANEL_ROWS * TILE_COLS))
+    swap_panels = -(-SWAP_N // mr)
+    driver = (_DRIVER.replace("FUNCTION", function_name(motif) + suffix).replace("SETUP_B", setup).replace("PREPARE_B", prepare)
+              .replace("SWAP_GROUP_ACC_ELEMS", str(SWAP_GROUP * swap_panels * nr * mr))
+              .replace("SWAP_ACC_ELEMS", str(swap_panels * nr * mr))
+              .replace("BLOCK_OF_B", block).replace("PK_ELEMS", str(kc * mr))
+              .replace("ACC_ELEMS", str(ACC_BLOCKS * nr * mr)))
+    driver = driver.replace("NR * MR", str(mr * nr))
     copies = pack_source("_lm_pack_rows", "f32") + PAD_SOURCE
     copies += pack_source("_lm_pack_b", b_dtype) if b_dtype != "f32" else "\n_lm_pack_b = _lm_pack_rows\n"
-    helpers = "".join(h + "\n\n" for h in helpers_for(driver + copies))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + TILE_SOURCE + copies + "\n" + driver
+    return _PER_TILE_NAMES.sub(lambda m: m.group(1) + suffix, TILE_SOURCE + copies + "\n" + driver)
 
 
 def groups_rows_depth(shape) -> tuple[int, int, int]:

@@ -86,6 +86,50 @@ def test_swapped_blocks_of_a_grouped_per_task_keep_each_chain(product, rng):
     np.testing.assert_array_equal(product(a, b)[rows], fma_chain(a[rows], b))
 
 
+@pytest.mark.parametrize("motif", ["matmul", "matmul_f16", "bmm"])
+@pytest.mark.parametrize("g, m, k, n", [(1, 200, 400, 603), (1, 96, 500, 1000), (1, 300, 64, 200),
+                                        (1, 1030, 700, 384), (2, 257, 64, 257), (1, 21, 50, 600), (1, 40, 300, 1100)])
+# wide tile, roles kept: a partial last panel, a partial last block of b, k in three slices
+# (200 x 603), b in several chunks (96 x 1000); roles swapped (more rows of a, or a short k):
+# a partial block of a (300, 1030: grouped per task), two groups (257 x 257), two passes (600);
+# 40 rows of a: the narrow tile (40 fills 48 of its lanes, 64 of the wide one's)
+def test_both_tiles_compute_each_chain(rng, motif, g, m, k, n):
+    from loomc.lower import matmul
+    from loomc.lower.numba import load_module, module_path
+
+    if motif != "bmm":
+        g = 1
+    module = load_module(module_path(matmul.render_module(motif)))
+    drivers = [getattr(module, f"k_{motif}_n")] + ([getattr(module, f"k_{motif}_w")] if matmul.WIDE_TILE else [])
+    a, b = rand(rng, g, m, k), rand(rng, g, n, k)
+    if motif == "matmul_f16":
+        b = b.astype(np.float16)
+    weights = b.view(np.uint16) if motif == "matmul_f16" else b
+    entry = np.zeros((g, m, n), np.float32)   # the entry with exactly the workspace it asks for
+    matmul.load_function(motif)(a, weights, entry, np.zeros(matmul.workspace_elems(motif, g, m, k, n), np.float32))
+    for driver in drivers:
+        c = np.zeros((g, m, n), np.float32)
+        driver(a, weights, c, np.zeros(1 << 23, np.float32))
+        np.testing.assert_array_equal(c, entry)
+    rows, cols = [0, m // 2, m - 1], [0, n // 3, n - 1]
+    np.testing.assert_array_equal(entry[-1][np.ix_(rows, cols)], fma_chain(a[-1][rows], b[-1][cols].astype(np.float32)))
+
+
+def test_the_wide_tile_runs_where_its_panels_are_full(monkeypatch):
+    from loomc.lower import matmul
+
+    monkeypatch.setattr(matmul, "WIDE_TILE", (32, 8))
+    wide, narrow = (32, 8, matmul.WIDE_K_SLICE), (matmul.PANEL_ROWS, matmul.TILE_COLS, matmul.K_SLICE)
+    assert matmul.tile_for(2056, 384, 1152) == wide      # a's rows are the panels
+    assert matmul.tile_for(96, 384, 1152) == wide
+    assert matmul.tile_for(48, 384, 1152) == narrow      # 64 lanes for 48 rows (the narrow tile: 48)
+    assert matmul.tile_for(16, 384, 1152) == narrow
+    assert matmul.tile_for(2056, 384, 257) == wide       # swapped: b's rows are the panels (288 vs 272 lanes)
+    assert matmul.tile_for(2056, 384, 80) == narrow      # 96 vs 80 lanes
+    monkeypatch.setattr(matmul, "WIDE_TILE", None)
+    assert matmul.tile_for(2056, 384, 1152) == narrow
+
+
 def test_f16_weights_widened_per_task_or_once_per_call_give_the_same_bits(rng, monkeypatch):
     # With room in the workspace the f16 weights are widened once per call; without (a weight
     # over WIDE_LIMIT), every task widens its blocks: the two paths compute the same chains.
@@ -170,7 +214,11 @@ def compute_everything(data: dict) -> dict:
 
     from loomc.run.compile import compile_kernel
 
-    out = {"product": compile_command(load_files([FIXTURE]), "product").run({}, {}, {"a": data["a"], "b": data["b"]})["c"]}
+    product = compile_command(load_files([FIXTURE]), "product")
+    out = {"product": product.run({}, {}, {"a": data["a"], "b": data["b"]})["c"],
+           # the wide tile on AVX-512 hosts (the narrow one in an AVX2 or baseline subprocess), both roles
+           "wide_swapped": product.run({}, {}, {"a": data["a_wide"], "b": data["b_wide"][:96]})["c"],
+           "wide": product.run({}, {}, {"a": data["a_wide"][:96], "b": data["b_wide"]})["c"]}
     motifs = load_files(sorted(MOTIFS.glob("*.loom")))
     x = data["x"]
     out["rmsnorm"] = np.zeros_like(x)
@@ -191,7 +239,7 @@ def test_other_simd_classes_compute_the_same_bits(rng, tmp_path):
     from numerics_testlib import random_blocks
 
     classes = [BASELINE] + ([AVX2] if host_has("avx512f") else [])
-    data = {"a": rand(rng, 37, 101), "b": rand(rng, 29, 101), "x": rand(rng, 9, 96, scale=3.0),
+    data = {"a": rand(rng, 37, 101), "b": rand(rng, 29, 101), "a_wide": rand(rng, 100, 130), "b_wide": rand(rng, 600, 130), "x": rand(rng, 9, 96, scale=3.0),
             "w": rand(rng, 96), "bias": rand(rng, 96), "q4_1": random_blocks(rng, "q4_1", (13, 96)),
             "qkv": rand(rng, 2 * 17, 3 * 2 * 24)}
     assert_same_bits_in_classes(classes, "test_matmul_motif:compute_everything", data, compute_everything(data), tmp_path)
