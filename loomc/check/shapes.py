@@ -9,6 +9,7 @@ division) becomes an opaque atom compared by its text.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,30 @@ class Dim:
                     term = term * bindings.get(s, Dim.symbol(s))
             out = out + term
         return out
+
+    def value(self, env: Mapping[str, int]) -> int | None:
+        """The integer this dimension takes when every symbol has its value in `env`: what
+        `substitute` with constants then `constant` give (None where a symbol is unbound or a
+        division is not exact), without building a Dim per step. A command's shape plan
+        evaluates thousands of dimensions for every new combination of per-call sizes (a
+        speaker's sentence of a new length: 20 ms by substitution)."""
+        total = 0
+        for m, c in self.terms:
+            term = c
+            for s in m:
+                if s in _OPAQUE:
+                    op, a, b = _OPAQUE[s]
+                    x, y = a.value(env), b.value(env)
+                    if x is None or not y or (op == "/" and x % y):
+                        return None
+                    term *= x // y if op == "/" else x % y
+                else:
+                    v = env.get(s)
+                    if v is None:
+                        return None
+                    term *= v
+            total += term
+        return total
 
     def __str__(self) -> str:
         if not self.terms:

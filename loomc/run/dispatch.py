@@ -40,7 +40,7 @@ MAX_SHAPE_PLANS = 8
 
 
 def dim_value(d: Dim, env: Mapping[str, int]) -> int:
-    value = d.substitute({name: Dim.const(v) for name, v in env.items()}).constant
+    value = d.value(env)
     if value is None:
         raise DispatchError(f"dimension {d} has no value with {dict(env)}")
     return value

@@ -62,6 +62,16 @@ def allocate(dtype: str, dims: Sequence[int]) -> np.ndarray:
     return np.zeros(storage_shape(dtype, dims), HOST_STORAGE[dtype])
 
 
+def _dim_value(d: ir.Expr, env: dict[str, int]) -> int:
+    """A buffer dimension's value: a symbol or constant read directly (most of them; a new
+    shape binds every dispatch of a command, hundreds of buffers), anything else evaluated."""
+    if type(d) is ir.Ref and d.dtype == "i64":
+        return int(env[d.name])
+    if type(d) is ir.Const and d.dtype == "i64":
+        return int(d.value)
+    return int(interpret.evaluate(d, env))
+
+
 class KernelLauncher:
     """Launches one lowered `.loom` kernel (all its parts, in order) on numpy arrays."""
 
@@ -85,18 +95,22 @@ class KernelLauncher:
         if len(values) != len(self.params):
             raise self.fail(f"takes {len(self.params)} arguments, got {len(values)}")
         env: dict[str, int] = {}
+        checked = set()
         for s in self.symbols:
-            p = self.params[self._positions[s.buffer]]
-            array = values[self._positions[s.buffer]]
-            self.check_array(p, array)
+            position = self._positions[s.buffer]
+            p, array = self.params[position], values[position]
+            if position not in checked:
+                self.check_array(p, array)
+                checked.add(position)
             env[s.name] = logical_dim(p.dtype, array.shape, s.axis)
         flat: list[Any] = []
-        for p, value in zip(self.params, values):
+        for position, (p, value) in enumerate(zip(self.params, values)):
             if isinstance(p, ir.ScalarParam):
                 flat.append(self.scalar(p, value))
                 continue
-            self.check_array(p, value)
-            want = tuple(int(interpret.evaluate(d, env)) for d in p.dims)
+            if position not in checked:
+                self.check_array(p, value)
+            want = tuple(_dim_value(d, env) for d in p.dims)
             if want and min(want) < 0:
                 raise self.fail(f"'{p.name}' would have dimensions {want}")
             expected = storage_shape(p.dtype, want)
