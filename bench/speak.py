@@ -9,7 +9,10 @@ G2P, onnxruntime, numpy's vocoder) in a child process, because onnxruntime's spi
 threads would otherwise take the cores from Loom's. Two texts: a short sentence and a
 five-sentence paragraph; two workloads: one request alone, and 4 at once (Loom: 4
 concurrent requests sharing the service's calls; hibari: 4 threads on one session, which
-has no batching). The engines alternate; the script prints, per case, the median time to
+has no batching). Every repeat speaks a variant of the text that no earlier call spoke (one
+more word in each sentence, a different one each time), as real requests do: a sentence of a
+new length is a new shape for Loom's compiled commands, whose plans a repeated text would
+find ready. The engines alternate; the script prints, per case, the median time to
 the first audio block, the real-time factor as seconds of audio per second of wall time,
 and the ratios Loom / hibari, with the machine's CPU class.
 """
@@ -116,6 +119,22 @@ class Hibari:
         self.conn.send(None)
         self.process.join(30)
 
+# One of these goes into every sentence of a repeat's text (`fresh`): words of 1-4 syllables
+WORDS = ("red", "golden", "wild", "quiet", "enormous", "silver", "northern", "beautiful", "small", "wooden",
+         "tired", "unusual", "green", "peaceful", "bright", "mysterious")
+
+
+def fresh(text: str, repeat: int) -> str:
+    """`text` with one adjective after the first "the"/"a" of each sentence (or in front of it),
+    a different one for every (repeat, sentence)."""
+    out = []
+    for i, sentence in enumerate(text.replace(". ", ".|").replace("? ", "?|").split("|")):
+        word = WORDS[(repeat * 5 + i) % len(WORDS)]
+        words = sentence.split(" ")
+        at = next((j + 1 for j, w in enumerate(words) if w.lower() in ("the", "a")), None)
+        out.append(" ".join(words[:at] + [word] + words[at:]) if at is not None else f"{word.capitalize()}, {sentence[:1].lower()}{sentence[1:]}")
+    return " ".join(out)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -132,11 +151,12 @@ def main() -> None:
                 loom.speak(text, copies)          # warm-up: compiles and loads every kernel
                 hibari.speak(text, copies)
                 runs: dict[str, list[tuple[float, float, float]]] = {"loom": [], "hibari": []}
-                for _ in range(args.repeats):
+                for repeat in range(args.repeats):
+                    variant = fresh(text, repeat + 7 * copies)
                     time.sleep(0.3)               # let the other engine's threads go quiet
-                    runs["loom"].append(loom.speak(text, copies))
+                    runs["loom"].append(loom.speak(variant, copies))
                     time.sleep(0.3)
-                    runs["hibari"].append(hibari.speak(text, copies))
+                    runs["hibari"].append(hibari.speak(variant, copies))
                 figures = {}
                 for engine, results in runs.items():
                     first = statistics.median(r[0] for r in results)

@@ -19,6 +19,7 @@ unspecified (whatever the previous call left); results are zeroed before each ca
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from functools import partial
 from typing import Any, Mapping
@@ -95,11 +96,11 @@ class ShapePlan:
                        for a in plan.args if a.dims is not None}
         self.results = {r.name: np.zeros(storage_shape(r.dtype, [dim_value(d, env) for d in r.dims]), HOST_STORAGE[r.dtype])
                         for r in plan.results}
-        self.scratch = self.arena(plan, bound)
+        self.scratch = self.arena(plan, bound, program.scratch_uses)
         self.calls: list[tuple[Any, tuple]] = []
         self.dynamic: list[tuple[int, Any]] = []  # (index into calls, builder of (fn, args) from the call's scalars)
-        for dispatch in plan.dispatches:
-            if _per_call(dispatch):
+        for dispatch, per_call in zip(plan.dispatches, program.per_call):
+            if per_call:
                 for part in range(program.parts(dispatch)):
                     builder = partial(self.build, program, bound, dispatch, part=part)
                     self.dynamic.append((len(self.calls), builder))
@@ -109,14 +110,9 @@ class ShapePlan:
 
     # ---- scratch --------------------------------------------------------------------
 
-    def arena(self, plan: CommandPlan, bound: _Bound) -> dict[str, np.ndarray]:
-        uses: dict[str, list[int]] = {}
-        for i, d in enumerate(plan.dispatches):
-            for o in d.operands:
-                if isinstance(o, TensorRef) and o.kind == "scratch":
-                    uses.setdefault(o.name, []).append(i)
+    def arena(self, plan: CommandPlan, bound: _Bound, uses: dict[str, list[int]]) -> dict[str, np.ndarray]:
         specs = [s for s in plan.scratch if s.name in uses]
-        sizes = {s.name: int(np.prod(storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims]), dtype=np.int64))
+        sizes = {s.name: math.prod(storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims]))
                  * np.dtype(HOST_STORAGE[s.dtype]).itemsize for s in specs}
         placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
         offsets: dict[str, int] = {}
@@ -213,6 +209,14 @@ class CommandProgram:
         self.target = target
         self._bound: tuple[tuple, _Bound] | None = None
         self._tensor_args = [a for a in plan.args if a.dims is not None]
+        # what every ShapePlan of the program needs and no shape changes: which dispatches
+        # take per-call scalars, and the dispatches using each scratch tensor
+        self.per_call = [_per_call(d) for d in plan.dispatches]
+        self.scratch_uses: dict[str, list[int]] = {}
+        for i, d in enumerate(plan.dispatches):
+            for o in d.operands:
+                if isinstance(o, TensorRef) and o.kind == "scratch":
+                    self.scratch_uses.setdefault(o.name, []).append(i)
         self._scalar_args = [a for a in plan.args if a.dims is None]
         self._names = {a.name for a in plan.args}
 
