@@ -534,9 +534,7 @@ def render_module(motif: str = "matmul") -> str:
     for suffix, mr, nr, kc in tiles:
         constants += f"MR{suffix} = {mr}\nNR{suffix} = {nr}\nKC{suffix} = {kc}\nSWAP_PANELS{suffix} = {-(-SWAP_N // mr)}\n"
         bodies.append(_tile_driver_source(motif, suffix, mr, nr, kc))
-    entry = _ENTRY.replace("FUNCTION", function_name(motif))
-    if not WIDE_TILE:
-        entry = entry.replace("if p >= MR_w", "if False and p >= MR_w").replace("FUNCTION_w", "FUNCTION_n")
+    entry = (_ENTRY if WIDE_TILE else _NARROW_ENTRY).replace("FUNCTION", function_name(motif))
     text = "".join(bodies) + entry
     helpers = "".join(h + "\n\n" for h in helpers_for(text))
     return header + IMPORTS + "\n" + constants + "\n" + helpers + text
@@ -554,6 +552,14 @@ def FUNCTION(a, b, c, ws):
         FUNCTION_w(a, b, c, ws)
     else:
         FUNCTION_n(a, b, c, ws)
+'''
+
+# Without the wide tile (AVX2, baseline), the entry is the narrow driver's.
+_NARROW_ENTRY = '''
+
+@njit(cache=True)
+def FUNCTION(a, b, c, ws):
+    FUNCTION_n(a, b, c, ws)
 '''
 
 # The names each tile's copy of the tile, copies and driver gets its suffix on
