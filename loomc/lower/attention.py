@@ -117,36 +117,35 @@ def k_attention(qkv, y, heads, S, scale, ws):
         # the scores of the task's queries (QB blocks of NR), s[(q * NR + j) * NP + n] = q[m] . k[n]
         # (rows padded to whole panels; rows past S score zero-padded queries): each panel of keys
         # runs over every block while it is in L1, each tile storing its block in place
-        s = np.empty(QB * NR * NP, np.float32)
-        for i in range(QB * NR * NP):
-            s[i] = np.float32(0.0)
+        s = np.empty(QB * NR * NP, np.float32)   # every element the softmax or the values read is stored first
         for p in range(kpan):
             for q in range(nq):
                 m0 = (q0 + q) * NR
                 if m0 + NR <= S:
-                    _lm_gemm_tile(ws, (g * kpan + p) * E * MR, qkv_flat, (first + m0) * C + h * E, C, E,
-                                  s[q * NR * NP + p * MR:], NP)
+                    _lm_gemm_tile_fresh(ws, (g * kpan + p) * E * MR, qkv_flat, (first + m0) * C + h * E, C, E,
+                                        s[q * NR * NP + p * MR:], NP, True)
                 else:
-                    _lm_gemm_tile(ws, (g * kpan + p) * E * MR, ws, packed_k + packed_v + g * NR * E, E, E,
-                                  s[q * NR * NP + p * MR:], NP)
+                    _lm_gemm_tile_fresh(ws, (g * kpan + p) * E * MR, ws, packed_k + packed_v + g * NR * E, E, E,
+                                        s[q * NR * NP + p * MR:], NP, True)
         # each row softmaxed in place with softmax_scaled's operations
         for q in range(nq):
             for j in range(min(NR, S - (q0 + q) * NR)):
                 _lm_softmax_row(s, (q * NR + j) * NP, S, scale)
         # the output rows: one fma chain over keys per element, in slices shared by the value panels
-        acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))
-        for i in range(nq * vpan * NR * MR):
-            acc[i] = np.float32(0.0)
+        acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))   # the first slice starts each chain from +0.0
         for t in range(slices):
             k0 = t * kc
             kn = min(kc, S - k0)
             for p in range(vpan):
                 for q in range(nq):
-                    _lm_gemm_tile(ws, packed_k + ((g * vpan + p) * S + k0) * MR, s, q * NR * NP + k0, NP, kn,
-                                  acc[(q * vpan + p) * NR * MR:], MR)
+                    _lm_gemm_tile_fresh(ws, packed_k + ((g * vpan + p) * S + k0) * MR, s, q * NR * NP + k0, NP, kn,
+                                        acc[(q * vpan + p) * NR * MR:], MR, t == 0)
         for q in range(nq):
             m0 = (q0 + q) * NR
             for p in range(vpan):
+                if m0 + NR <= S and (p + 1) * MR <= E:
+                    _lm_store_tile(acc, (q * vpan + p) * NR * MR, y_flat, (first + m0) * D + h * E + p * MR, D)
+                    continue
                 for j in range(min(NR, S - m0)):
                     for i in range(min(MR, E - p * MR)):
                         y_flat[np.uint64((first + m0 + j) * D + h * E + p * MR + i)] = acc[np.uint64(((q * vpan + p) * NR + j) * MR + i)]

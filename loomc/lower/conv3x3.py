@@ -57,10 +57,8 @@ def k_conv3x3(x, w, bias, y, height, width, stride, ws):
     for task in prange(blocks):
         r0 = task * NR
         rows = min(NR, TO - r0)
-        acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))
+        acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))   # the first tap starts each chain from +0.0
         gathered = carray(_lm_alloca(GATHER_ELEMS, np.float32), (GATHER_ELEMS,))
-        for i in range(bpan * NR * MR):
-            acc[i] = np.float32(0.0)
         img = r0 // per_image
         oy = (r0 - img * per_image) // ow
         ox0 = r0 - img * per_image - oy * ow
@@ -91,7 +89,7 @@ def k_conv3x3(x, w, bias, y, height, width, stride, ws):
                 off = 0
                 ld = C
             for p in range(bpan):
-                _lm_gemm_tile(ws, (p * K + tap * C) * MR, src, off, ld, C, acc[p * NR * MR:], MR)
+                _lm_gemm_tile_fresh(ws, (p * K + tap * C) * MR, src, off, ld, C, acc[p * NR * MR:], MR, tap == 0)
         for p in range(bpan):
             for j in range(rows):
                 for i in range(min(MR, O - p * MR)):

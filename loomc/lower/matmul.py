@@ -175,15 +175,19 @@ def tile_for(m: int, k: int, n: int) -> tuple[int, int, int]:
 
 
 TILE_SOURCE = '''
-def _lm_tile_codegen(strided):
-    # The tile body for `_lm_gemm_tile` (strided False: ldk 1, all NR rows) and
-    # `_lm_gemm_tile_rows` (strided: b's k stride ldk, only rows j < valid read and stored)
+def _lm_tile_codegen(strided, fresh=False):
+    # The tile body for `_lm_gemm_tile` (strided False: ldk 1, all NR rows), `_lm_gemm_tile_rows`
+    # (strided: b's k stride ldk, only rows j < valid read and stored) and `_lm_gemm_tile_fresh`
+    # (fresh: a last argument that, when true, starts the chains from +0.0 instead of t's values)
     def codegen(context, builder, sig, args):
         from llvmlite import ir as llir
 
         f32 = llir.FloatType()
         i32 = llir.IntType(32)
         i64 = llir.IntType(64)
+        if fresh:
+            start_fresh = context.cast(builder, args[-1], sig.args[-1], types.boolean)
+            args = args[:-1]
         if strided:
             ap_v, a_off_v, b_v, b_off_v, ldb_v, ldk_v, valid_v, kn_v, t_v, ldt_v = args
             t_arg = 8
@@ -248,7 +252,23 @@ def _lm_tile_codegen(strided):
 
         t_rows = [builder.select(live[j], builder.mul(ldt_v, llir.Constant(i64, j)), llir.Constant(i64, 0))
                   for j in range(NR)]
-        start = [builder.load(vptr(t_p, t_rows[j]), align=4) for j in range(NR)]
+        if fresh:   # +0.0 in every lane (what a zeroed t holds), else t's values
+            entry = builder.block
+            load_bb = builder.append_basic_block("tile.load")
+            start_bb = builder.append_basic_block("tile.start")
+            builder.cbranch(start_fresh, start_bb, load_bb)
+            builder.position_at_end(load_bb)
+            loaded = [builder.load(vptr(t_p, t_rows[j]), align=4) for j in range(NR)]
+            builder.branch(start_bb)
+            builder.position_at_end(start_bb)
+            start = []
+            for value in loaded:
+                phi = builder.phi(vec)
+                phi.add_incoming(llir.Constant(vec, [0.0] * MR), entry)
+                phi.add_incoming(value, load_bb)
+                start.append(phi)
+        else:
+            start = [builder.load(vptr(t_p, t_rows[j]), align=4) for j in range(NR)]
         k, accs = counted_loop("tile.main", llir.Constant(i64, 0), start, UNROLL, kn_v)
         _, accs = counted_loop("tile.tail", k, accs, 1, kn_v)
         for j, acc in enumerate(accs):
@@ -271,6 +291,90 @@ def _lm_gemm_tile(typingctx, ap, a_off, b, b_off, ldb, kn, t, ldt):
     if not all(isinstance(x, types.Array) for x in (ap, b, t)):
         return None
     return types.none(ap, a_off, b, b_off, ldb, kn, t, ldt), _lm_tile_codegen(False)
+
+
+def _lm_store_codegen(transposed):
+    # The body of `_lm_store_tile` / `_lm_store_tile_t`: NR x MR accumulators out to c as
+    # whole vectors (transposed: 8 x 8 blocks turned by three rounds of two-source shuffles,
+    # then one 8-wide store per row of c; a tile whose sides are not multiples of 8 moves
+    # element by element, unrolled). Data movement only: the bits are the accumulators'.
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir as llir
+
+        f32 = llir.FloatType()
+        i32 = llir.IntType(32)
+        i64 = llir.IntType(64)
+        acc_v, acc_off_v, c_v, c_off_v, ldc_v = args
+        acc_p = builder.gep(context.make_array(sig.args[0])(context, builder, acc_v).data, [acc_off_v])
+        c_p = builder.gep(context.make_array(sig.args[2])(context, builder, c_v).data, [c_off_v])
+
+        def at(base, index, width):   # pointer to `width` f32 at base + index (index an i64 value)
+            ptr = builder.gep(base, [index])
+            return builder.bitcast(ptr, llir.VectorType(f32, width).as_pointer()) if width > 1 else ptr
+
+        def const(x):
+            return llir.Constant(i64, x)
+
+        if not transposed:
+            for j in range(NR):
+                row = builder.load(at(acc_p, const(j * MR), MR), align=4)
+                builder.store(row, at(c_p, builder.mul(ldc_v, const(j)), MR), align=4)
+        elif MR % 8 == 0 and NR % 8 == 0:
+            masks = ([0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15], [0, 1, 8, 9, 4, 5, 12, 13],
+                     [2, 3, 10, 11, 6, 7, 14, 15], [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+
+            def shuffle(x, y, mask):
+                return builder.shuffle_vector(x, y, llir.Constant(llir.VectorType(i32, 8), mask))
+
+            for jb in range(NR // 8):
+                for ib in range(MR // 8):
+                    r = [builder.load(at(acc_p, const((jb * 8 + j) * MR + ib * 8), 8), align=4) for j in range(8)]
+                    t = []
+                    for x, y in zip(r[0::2], r[1::2]):
+                        t += [shuffle(x, y, masks[0]), shuffle(x, y, masks[1])]
+                    u = []
+                    for h in (0, 4):
+                        u += [shuffle(t[h], t[h + 2], masks[2]), shuffle(t[h], t[h + 2], masks[3]),
+                              shuffle(t[h + 1], t[h + 3], masks[2]), shuffle(t[h + 1], t[h + 3], masks[3])]
+                    cols = [shuffle(u[i], u[i + 4], masks[4]) for i in range(4)] + [shuffle(u[i], u[i + 4], masks[5]) for i in range(4)]
+                    for i, col in enumerate(cols):   # cols[i][j] = acc row jb * 8 + j, lane ib * 8 + i
+                        off = builder.add(builder.mul(ldc_v, const(ib * 8 + i)), const(jb * 8))
+                        builder.store(col, at(c_p, off, 8), align=4)
+        else:
+            for i in range(MR):
+                for j in range(NR):
+                    x = builder.load(at(acc_p, const(j * MR + i), 1))
+                    builder.store(x, at(c_p, builder.add(builder.mul(ldc_v, const(i)), const(j)), 1))
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def _lm_store_tile(typingctx, acc, acc_off, c, c_off, ldc):
+    # c[c_off + j * ldc + i] = acc[acc_off + j * MR + i] for j < NR, i < MR: a whole tile's
+    # accumulators, rows of MR lanes, out to rows of c
+    if not all(isinstance(x, types.Array) for x in (acc, c)):
+        return None
+    return types.none(acc, acc_off, c, c_off, ldc), _lm_store_codegen(False)
+
+
+@intrinsic
+def _lm_store_tile_t(typingctx, acc, acc_off, c, c_off, ldc):
+    # c[c_off + i * ldc + j] = acc[acc_off + j * MR + i] for j < NR, i < MR: a whole tile's
+    # accumulators out to c transposed (the panel's lanes are c's rows)
+    if not all(isinstance(x, types.Array) for x in (acc, c)):
+        return None
+    return types.none(acc, acc_off, c, c_off, ldc), _lm_store_codegen(True)
+
+
+@intrinsic
+def _lm_gemm_tile_fresh(typingctx, ap, a_off, b, b_off, ldb, kn, t, ldt, fresh):
+    # _lm_gemm_tile, but when `fresh` the chains start from +0.0, not from t's values: the
+    # first slice of k needs no zeroed accumulators
+    if not all(isinstance(x, types.Array) for x in (ap, b, t)):
+        return None
+    return types.none(ap, a_off, b, b_off, ldb, kn, t, ldt, fresh), _lm_tile_codegen(False, True)
 
 
 @intrinsic
@@ -369,8 +473,9 @@ def FUNCTION(a, b, c, ws):
                 q0 = (task - g * agroups) * ag
                 nq = min(ag, ablocks - q0)
                 acc = carray(_lm_alloca(SWAP_GROUP_ACC_ELEMS, np.float32), (SWAP_GROUP_ACC_ELEMS,))
-                for i in range(nq * bpan * NR * MR):
-                    acc[i] = np.float32(0.0)
+                if K == 0:   # (k empty: else the first slice starts every chain from +0.0)
+                    for i in range(nq * bpan * NR * MR):
+                        acc[i] = np.float32(0.0)
                 for s in range(slices):
                     k0 = s * kc
                     kn = min(kc, K - k0)
@@ -383,10 +488,13 @@ def FUNCTION(a, b, c, ws):
                             else:
                                 src = ws
                                 off = packed_b + g * NR * K + k0
-                            _lm_gemm_tile(ws, ((g * bpan + p) * K + k0) * MR, src, off, K, kn, acc[(q * bpan + p) * NR * MR:], MR)
+                            _lm_gemm_tile_fresh(ws, ((g * bpan + p) * K + k0) * MR, src, off, K, kn, acc[(q * bpan + p) * NR * MR:], MR, s == 0)
                 for q in range(nq):
                     m0 = (q0 + q) * NR
                     for p in range(bpan):
+                        if m0 + NR <= M and (p + 1) * MR <= N:
+                            _lm_store_tile(acc, (q * bpan + p) * NR * MR, c_flat, (g * M + m0) * N + p * MR, N)
+                            continue
                         for j in range(min(NR, M - m0)):
                             for i in range(min(MR, N - p * MR)):
                                 c_flat[np.uint64((g * M + m0 + j) * N + p * MR + i)] = acc[np.uint64(((q * bpan + p) * NR + j) * MR + i)]
@@ -399,8 +507,9 @@ def FUNCTION(a, b, c, ws):
             acc = carray(_lm_alloca(SWAP_ACC_ELEMS, np.float32), (SWAP_ACC_ELEMS,))
             for p0 in range(0, bpan, SWAP_PANELS):
                 pn = min(SWAP_PANELS, bpan - p0)
-                for i in range(pn * NR * MR):
-                    acc[i] = np.float32(0.0)
+                if K == 0:
+                    for i in range(pn * NR * MR):
+                        acc[i] = np.float32(0.0)
                 for s in range(slices):
                     k0 = s * kc
                     kn = min(kc, K - k0)
@@ -411,8 +520,11 @@ def FUNCTION(a, b, c, ws):
                         src = ws
                         off = packed_b + g * NR * K + k0
                     for p in range(pn):
-                        _lm_gemm_tile(ws, ((g * bpan + p0 + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:], MR)
+                        _lm_gemm_tile_fresh(ws, ((g * bpan + p0 + p) * K + k0) * MR, src, off, K, kn, acc[p * NR * MR:], MR, s == 0)
                 for p in range(pn):
+                    if m0 + NR <= M and (p0 + p + 1) * MR <= N:
+                        _lm_store_tile(acc, p * NR * MR, c_flat, (g * M + m0) * N + (p0 + p) * MR, N)
+                        continue
                     for j in range(min(NR, M - m0)):
                         for i in range(min(MR, N - (p0 + p) * MR)):
                             c_flat[np.uint64((g * M + m0 + j) * N + (p0 + p) * MR + i)] = acc[np.uint64((p * NR + j) * MR + i)]
@@ -436,8 +548,9 @@ def FUNCTION(a, b, c, ws):
         rows = min(MR, M - p * MR)
         pk = carray(_lm_alloca(PK_ELEMS, np.float32), (PK_ELEMS,))     # on the stack: no
         acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))  # allocation per task
-        for i in range(count * NR * MR):
-            acc[i] = np.float32(0.0)
+        if K == 0:   # (k empty: else the first slice starts every chain from +0.0)
+            for i in range(count * NR * MR):
+                acc[i] = np.float32(0.0)
         for s in range(slices):
             k0 = s * kc
             kn = min(kc, K - k0)
@@ -457,9 +570,12 @@ def FUNCTION(a, b, c, ws):
             for q in range(count):
                 n0 = (first + q) * NR
                 BLOCK_OF_B
-                _lm_gemm_tile(ap, a_off, src, off, ld, kn, acc[q * NR * MR:], MR)
+                _lm_gemm_tile_fresh(ap, a_off, src, off, ld, kn, acc[q * NR * MR:], MR, s == 0)
         for q in range(count):
             n0 = (first + q) * NR
+            if rows == MR and n0 + NR <= N:
+                _lm_store_tile_t(acc, q * NR * MR, c_flat, (g * M + p * MR) * N + n0, N)
+                continue
             for i in range(rows):
                 for j in range(min(NR, N - n0)):
                     c_flat[np.uint64((g * M + p * MR + i) * N + n0 + j)] = acc[np.uint64((q * NR + j) * MR + i)]
@@ -564,6 +680,7 @@ def FUNCTION(a, b, c, ws):
 
 # The names each tile's copy of the tile, copies and driver gets its suffix on
 _PER_TILE_NAMES = re.compile(r"\b(MR|NR|KC|SWAP_PANELS|_lm_tile_codegen|_lm_gemm_tile|_lm_gemm_tile_rows|"
+                             r"_lm_gemm_tile_fresh|_lm_store_codegen|_lm_store_tile|_lm_store_tile_t|"
                              r"_lm_pack_rows|_lm_pad_rows|_lm_pack_b)\b")
 
 

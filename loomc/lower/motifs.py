@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from types import ModuleType
 
 
+@lru_cache(maxsize=None)
 def lowering_of(motif: str) -> ModuleType:
     """loomc/lower/conv3x3.py for `conv3x3`, loomc/lower/attention.py for `attention`,
     loomc/lower/paged_attention.py for `attention_paged`,

@@ -73,10 +73,10 @@ class CudaKernelLauncher(KernelLauncher):
     def check_writable(self, p: ir.BufferParam, value: Any) -> None:
         """CuPy arrays have no read-only flag: every device buffer is writable."""
 
-    def bind(self, *values: Any) -> tuple:
+    def bind(self, *values: Any, checked: bool = False) -> tuple:
         """The CPU checks, then the exact argument types the C signature declares: bool
         scalars as one byte, f16/bf16 scalars as float32, symbols as int64."""
-        args = list(super().bind(*values))
+        args = list(super().bind(*values, checked=checked))
         for i, p in enumerate(self.params):
             if isinstance(p, ir.ScalarParam) and p.dtype == "bool":
                 args[i] = np.uint8(args[i])

@@ -30,12 +30,13 @@ from loomc.check.shapes import Dim
 from loomc.ir import interpret
 from loomc.ir import module as ir
 from loomc.lower.motifs import lowering_of
-from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, refs_arguments
+from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, is_static, refs_arguments
 from loomc.run.errors import BindingError, DispatchError, StageInputError
 from loomc.run.launch import HOST_DTYPES, HOST_STORAGE, KernelLauncher, logical_dim, storage_shape
 
 ARENA_ALIGN = 64
 MAX_SHAPE_PLANS = 8
+_NOT_STATIC = object()   # a scalar operand evaluated per plan (or per call), not once per program
 
 
 
@@ -96,7 +97,8 @@ class ShapePlan:
                        for a in plan.args if a.dims is not None}
         self.results = {r.name: np.zeros(storage_shape(r.dtype, [dim_value(d, env) for d in r.dims]), HOST_STORAGE[r.dtype])
                         for r in plan.results}
-        self.scratch = self.arena(plan, bound, program.scratch_uses)
+        self.symbols = _symbol_env(env)   # the symbols as a command's scalar expressions name them
+        self.scratch = self.arena(program, bound)
         self.calls: list[tuple[Any, tuple]] = []
         self.dynamic: list[tuple[int, Any]] = []  # (index into calls, builder of (fn, args) from the call's scalars)
         for dispatch, per_call in zip(plan.dispatches, program.per_call):
@@ -106,27 +108,28 @@ class ShapePlan:
                     self.dynamic.append((len(self.calls), builder))
                     self.calls.append((None, ()))
             else:
-                self.calls += self.build_all(program, bound, dispatch, _symbol_env(env))
+                self.calls += self.build_all(program, bound, dispatch, self.symbols)
 
     # ---- scratch --------------------------------------------------------------------
 
-    def arena(self, plan: CommandPlan, bound: _Bound, uses: dict[str, list[int]]) -> dict[str, np.ndarray]:
-        specs = [s for s in plan.scratch if s.name in uses]
-        sizes = {s.name: math.prod(storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims]))
-                 * np.dtype(HOST_STORAGE[s.dtype]).itemsize for s in specs}
-        placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
-        offsets: dict[str, int] = {}
-        for s in sorted(specs, key=lambda s: -sizes[s.name]):
-            first, last = min(uses[s.name]), max(uses[s.name])
-            size = -(-sizes[s.name] // ARENA_ALIGN) * ARENA_ALIGN
+    def arena(self, program: "CommandProgram", bound: _Bound) -> dict[str, np.ndarray]:
+        plan = program.plan
+        specs = program.scratch_specs
+        shapes = [storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims]) for s in specs]
+        sizes = [math.prod(shape) * itemsize for shape, itemsize in zip(shapes, program.scratch_itemsizes)]
+        # greedy first fit, largest first, among the tensors whose uses overlap (fixed per program)
+        placed: dict[int, tuple[int, int]] = {}   # spec index -> (offset, rounded size)
+        offsets = [0] * len(specs)
+        for i in sorted(range(len(specs)), key=lambda i: -sizes[i]):
+            size = -(-sizes[i] // ARENA_ALIGN) * ARENA_ALIGN
             offset = 0
-            for o, n, f, l in sorted(p for p in placed if not (p[3] < first or last < p[2])):
+            for o, n in sorted(placed[j] for j in program.scratch_overlaps[i] if j in placed):
                 if offset + size <= o:
                     break
                 offset = max(offset, o + n)
-            placed.append((offset, size, first, last))
-            offsets[s.name] = offset
-        scratch_end = max((o + n for o, n, _, _ in placed), default=0)
+            placed[i] = (offset, size)
+            offsets[i] = offset
+        scratch_end = max((o + n for o, n in placed.values()), default=0)
         # A motif's workspace (packed or widened weights, motif_workspace): live only inside
         # one motif dispatch, so every motif dispatch of the plan shares one region past the scratch.
         workspace = 4 * max((self.motif_workspace(d) for d in plan.dispatches if d.kind == "motif"), default=0)
@@ -135,10 +138,9 @@ class ShapePlan:
         base = (-arena.ctypes.data) % ARENA_ALIGN
         self.workspace = arena[base + scratch_end:base + scratch_end + workspace].view(np.float32)
         views = {}
-        for s in specs:
-            shape = storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims])
-            start = base + offsets[s.name]
-            views[s.name] = arena[start:start + sizes[s.name]].view(HOST_STORAGE[s.dtype]).reshape(shape)
+        for s, shape, size, offset in zip(specs, shapes, sizes, offsets):
+            start = base + offset
+            views[s.name] = arena[start:start + size].view(HOST_STORAGE[s.dtype]).reshape(shape)
         return views
 
     # ---- dispatches -------------------------------------------------------------------
@@ -173,19 +175,22 @@ class ShapePlan:
         """f32 elements of the workspace motif dispatch `d` wants at this plan's dimensions and
         scalars (None for a scalar that depends on the call's arguments)."""
         dims = [[dim_value(x, self.env) for x in o.dims] for o in d.operands if isinstance(o, TensorRef)]
-        scalars = [None if refs_arguments(o) else interpret.evaluate(o, _symbol_env(self.env))
+        scalars = [None if refs_arguments(o) else interpret.evaluate(o, self.symbols)
                    for o in d.operands if not isinstance(o, TensorRef)]
         try:
             return lowering_of(d.callee).workspace_for(d.callee, dims, scalars)
         except ValueError as e:   # a size its scalars decide, and they are not known before the call
             raise _motif_error(d, e) from None
 
-    def operand_values(self, bound: _Bound, dispatch: Dispatch, scalars: Mapping[str, Any]) -> list[Any]:
-        return [self.array(bound, o, scalars) if isinstance(o, TensorRef) else interpret.evaluate(o, scalars)
-                for o in dispatch.operands]
+    def operand_values(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch,
+                       scalars: Mapping[str, Any]) -> list[Any]:
+        static = program.static_scalars[id(dispatch)]
+        return [self.array(bound, o, scalars) if isinstance(o, TensorRef)
+                else interpret.evaluate(o, scalars) if value is _NOT_STATIC else value
+                for o, value in zip(dispatch.operands, static)]
 
     def build_all(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch, scalars) -> list[tuple]:
-        values = self.operand_values(bound, dispatch, scalars)
+        values = self.operand_values(program, bound, dispatch, scalars)
         if dispatch.kind == "motif":
             try:
                 args = lowering_of(dispatch.callee).launch_arguments(dispatch.callee, values, self.workspace)
@@ -193,7 +198,9 @@ class ShapePlan:
                 raise _motif_error(dispatch, e) from None
             return [(program.launchers[dispatch.callee], args)]
         launcher: KernelLauncher = program.launchers[dispatch.callee]
-        args = launcher.bind(*values)
+        # every array here was checked against its declaration (params and state when bound) or
+        # made by this plan to its declared dtype and shape: only the kernel's shapes are checked
+        args = launcher.bind(*values, checked=True)
         return [(f, args) for f in launcher.functions]
 
     def build(self, program: "CommandProgram", bound: _Bound, dispatch: Dispatch, scalars, part: int = 0) -> tuple:
@@ -217,6 +224,16 @@ class CommandProgram:
             for o in d.operands:
                 if isinstance(o, TensorRef) and o.kind == "scratch":
                     self.scratch_uses.setdefault(o.name, []).append(i)
+        # the scratch tensors a ShapePlan places, their item sizes, and for each the others
+        # live at some same dispatch (between first and last use), which may not share its bytes
+        # each dispatch's scalar operands that name nothing (constants), evaluated once
+        self.static_scalars = {id(d): [interpret.evaluate(o, {}) if not isinstance(o, TensorRef) and is_static(o)
+                                       else _NOT_STATIC for o in d.operands] for d in plan.dispatches}
+        self.scratch_specs = [s for s in plan.scratch if s.name in self.scratch_uses]
+        self.scratch_itemsizes = [np.dtype(HOST_STORAGE[s.dtype]).itemsize for s in self.scratch_specs]
+        spans = [(min(self.scratch_uses[s.name]), max(self.scratch_uses[s.name])) for s in self.scratch_specs]
+        self.scratch_overlaps = [[j for j, (f, l) in enumerate(spans) if j != i and not (l < first or last < f)]
+                                 for i, (first, last) in enumerate(spans)]
         self._scalar_args = [a for a in plan.args if a.dims is None]
         self._names = {a.name for a in plan.args}
 

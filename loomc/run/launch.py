@@ -83,6 +83,12 @@ class KernelLauncher:
         self.symbols = first.symbols
         self.functions = tuple(functions)
         self._positions = {p.name: i for i, p in enumerate(self.params)}
+        # what `bind` reads per launch, worked out once: each symbol's source (name, position,
+        # axis, quantized), the positions those sources occupy, and per buffer its kernel dtype
+        self._sources = [(s.name, self._positions[s.buffer], s.axis, self.params[self._positions[s.buffer]].dtype)
+                         for s in self.symbols]
+        self._source_positions = sorted({position for _, position, _, _ in self._sources})
+        self._kernel_dtypes = [None if isinstance(p, ir.ScalarParam) else _KERNEL_DTYPES[p.dtype] for p in self.params]
 
     def __repr__(self) -> str:
         return f"<KernelLauncher {self.name}: {len(self.functions)} part(s)>"
@@ -90,34 +96,34 @@ class KernelLauncher:
     def fail(self, message: str) -> KernelArgumentError:
         return KernelArgumentError(f"kernel {self.name}: {message}")
 
-    def bind(self, *values: Any) -> tuple:
-        """Check `values` (one per `.loom` argument) and return the launch argument tuple."""
+    def bind(self, *values: Any, checked: bool = False) -> tuple:
+        """Check `values` (one per `.loom` argument) and return the launch argument tuple.
+        `checked`: the caller vouches that every array already has its declared dtype, rank,
+        C order and, where written, writability (a command's ShapePlan: it checked or made
+        each one); the shapes are still checked against the kernel's dimensions."""
         if len(values) != len(self.params):
             raise self.fail(f"takes {len(self.params)} arguments, got {len(values)}")
+        if not checked:
+            for position in self._source_positions:
+                self.check_array(self.params[position], values[position])
         env: dict[str, int] = {}
-        checked = set()
-        for s in self.symbols:
-            position = self._positions[s.buffer]
-            p, array = self.params[position], values[position]
-            if position not in checked:
-                self.check_array(p, array)
-                checked.add(position)
-            env[s.name] = logical_dim(p.dtype, array.shape, s.axis)
+        for name, position, axis, dtype in self._sources:
+            env[name] = logical_dim(dtype, values[position].shape, axis)
         flat: list[Any] = []
-        for position, (p, value) in enumerate(zip(self.params, values)):
-            if isinstance(p, ir.ScalarParam):
+        for position, (p, value, kernel) in enumerate(zip(self.params, values, self._kernel_dtypes)):
+            if kernel is None:
                 flat.append(self.scalar(p, value))
                 continue
-            if position not in checked:
+            if not checked and position not in self._source_positions:
                 self.check_array(p, value)
             want = tuple(_dim_value(d, env) for d in p.dims)
             if want and min(want) < 0:
                 raise self.fail(f"'{p.name}' would have dimensions {want}")
-            expected = storage_shape(p.dtype, want)
+            expected = storage_shape(p.dtype, want) if p.dtype in ir.QUANT_DTYPES else want
             if value.shape != expected:
                 shown = f"{p.dtype}{list(want)}" + (f" (stored as uint8{list(expected)})" if p.dtype in ir.QUANT_DTYPES else "")
                 raise self.fail(f"'{p.name}' must be {shown} given {self.symbol_text(env)}, got shape {list(value.shape)}")
-            flat.append(flat_view(p.dtype, value))
+            flat.append((value if value.dtype == kernel else value.view(kernel)).reshape(-1))
         flat += [env[s.name] for s in self.symbols]
         return tuple(flat)
 

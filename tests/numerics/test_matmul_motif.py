@@ -106,14 +106,36 @@ def test_both_tiles_compute_each_chain(rng, motif, g, m, k, n):
     if motif == "matmul_f16":
         b = b.astype(np.float16)
     weights = b.view(np.uint16) if motif == "matmul_f16" else b
-    entry = np.zeros((g, m, n), np.float32)   # the entry with exactly the workspace it asks for
+    entry = np.full((g, m, n), np.nan, np.float32)   # the entry with exactly the workspace it asks for
     gemm(a, weights, entry, np.zeros(matmul.workspace_elems(motif, g, m, k, n), np.float32))
+    assert not np.isnan(entry).any()   # every element stored (whole tiles as vectors, edges one by one)
     for driver in drivers:
-        c = np.zeros((g, m, n), np.float32)
+        c = np.full((g, m, n), np.nan, np.float32)
         driver(a, weights, c, np.zeros(1 << 23, np.float32))
         np.testing.assert_array_equal(c, entry)
     rows, cols = [0, m // 2, m - 1], [0, n // 3, n - 1]
     np.testing.assert_array_equal(entry[-1][np.ix_(rows, cols)], fma_chain(a[-1][rows], b[-1][cols].astype(np.float32)))
+
+
+@pytest.mark.parametrize("motif", ["matmul", "matmul_f16", "bmm"])
+@pytest.mark.parametrize("m, n", [(7, 5), (700, 5), (700, 800), (40, 1100)])
+def test_an_empty_k_gives_zeros_on_every_path(motif, m, n):
+    # The first slice of k starts each chain from +0.0 instead of zeroed accumulators; with no
+    # slice at all (k = 0) the accumulators are zeroed, so c is the empty chain's +0.0
+    from loomc.lower import matmul
+    from loomc.lower.numba import load_module, module_path
+
+    gemm = matmul.load_function(motif)
+    module = load_module(module_path(matmul.render_module(motif)))
+    drivers = [gemm, getattr(module, f"k_{motif}_n")] + ([getattr(module, f"k_{motif}_w")] if matmul.WIDE_TILE else [])
+    g = 2 if motif == "bmm" else 1
+    a = np.zeros((g, m, 0), np.float32)
+    b = np.zeros((g, n, 0), np.uint16 if motif == "matmul_f16" else np.float32)
+    for driver in drivers:
+        c = np.full((g, m, n), np.nan, np.float32)
+        driver(a, b, c, np.zeros(max(1, matmul.workspace_elems(motif, g, m, 0, n)), np.float32))
+        np.testing.assert_array_equal(c, np.zeros((g, m, n), np.float32))
+        assert not np.signbit(c).any()
 
 
 def test_the_wide_tile_runs_where_its_panels_are_full(monkeypatch):
