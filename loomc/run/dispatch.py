@@ -132,7 +132,7 @@ class ShapePlan:
         scratch_end = max((o + n for o, n in placed.values()), default=0)
         # A motif's workspace (packed or widened weights, motif_workspace): live only inside
         # one motif dispatch, so every motif dispatch of the plan shares one region past the scratch.
-        workspace = 4 * max((self.motif_workspace(d) for d in plan.dispatches if d.kind == "motif"), default=0)
+        workspace = 4 * max((self.motif_workspace(d) for d in program.motif_shapes), default=0)
         self.arena_bytes = scratch_end
         arena = bound.arena(scratch_end + workspace + ARENA_ALIGN)
         base = (-arena.ctypes.data) % ARENA_ALIGN
@@ -226,6 +226,10 @@ class CommandProgram:
                     self.scratch_uses.setdefault(o.name, []).append(i)
         # the scratch tensors a ShapePlan places, their item sizes, and for each the others
         # live at some same dispatch (between first and last use), which may not share its bytes
+        # one motif dispatch per distinct callee and operand shapes and scalars: the workspace
+        # every ShapePlan sizes is the largest any of them wants (a model repeats a few)
+        self.motif_shapes = list({(d.callee, tuple(o.dims if isinstance(o, TensorRef) else o for o in d.operands)): d
+                                  for d in plan.dispatches if d.kind == "motif"}.values())
         # each dispatch's scalar operands that name nothing (constants), evaluated once
         self.static_scalars = {id(d): [interpret.evaluate(o, {}) if not isinstance(o, TensorRef) and is_static(o)
                                        else _NOT_STATIC for o in d.operands] for d in plan.dispatches}
