@@ -22,8 +22,10 @@ How it runs (register and cache blocking the way BLAS does, but never splitting 
             pk[k, i] = a[g, 16 p + i, k0 + k] (zero past M; 16 KiB, in L1) and, for each
             block of NR rows of b in the chunk:
             acc_j <16 x f32> += pk[k, :] * splat(b[g, n0 + j, k0 + k])  for k in the slice, j < NR
-            the accumulators carried from slice to slice, so k still runs 0..K in order
-            c[g, 16 p + i, n0 + j] = acc_j[i] after the last slice
+            the accumulators carried from slice to slice (the first slice starts them at
+            +0.0 in registers, nothing zeroed or loaded), so k still runs 0..K in order
+            c[g, 16 p + i, n0 + j] = acc_j[i] after the last slice, a whole tile stored as
+            vectors (8 x 8 blocks transposed by shuffles: `_lm_store_tile_t`)
     swapped: when a has more rows than b and b at most SWAP_N (a convolution's columns
             against its weights), b is the packed side and a's rows, read in place, the
             broadcast side: the large operand is never copied (8192 x 288 . 32 x 288:
