@@ -89,6 +89,12 @@ class KernelLauncher:
                          for s in self.symbols]
         self._source_positions = sorted({position for _, position, _, _ in self._sources})
         self._kernel_dtypes = [None if isinstance(p, ir.ScalarParam) else _KERNEL_DTYPES[p.dtype] for p in self.params]
+        # buffers whose every dimension is a symbol read from that very axis of the buffer
+        # itself: their shape is the one it implies, nothing to compute or compare
+        sourced = {(name, position, axis) for name, position, axis, dtype in self._sources if dtype not in ir.QUANT_DTYPES}
+        self._self_shaped = [not isinstance(p, ir.ScalarParam) and all(
+            type(d) is ir.Ref and (d.name, position, axis) in sourced for axis, d in enumerate(p.dims))
+            for position, p in enumerate(self.params)]
 
     def __repr__(self) -> str:
         return f"<KernelLauncher {self.name}: {len(self.functions)} part(s)>"
@@ -113,6 +119,9 @@ class KernelLauncher:
         for position, (p, value, kernel) in enumerate(zip(self.params, values, self._kernel_dtypes)):
             if kernel is None:
                 flat.append(self.scalar(p, value))
+                continue
+            if self._self_shaped[position]:   # (checked above, with the symbols' sources)
+                flat.append((value if value.dtype == kernel else value.view(kernel)).reshape(-1))
                 continue
             if not checked and position not in self._source_positions:
                 self.check_array(p, value)
