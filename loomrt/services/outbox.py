@@ -44,8 +44,12 @@ class Outbox:
             self._loop.call_soon_threadsafe(self._ready.set)
 
     def has_credit(self) -> bool:
+        return self.room() > 0
+
+    def room(self) -> int:
+        """Events the worker may still put before the reader must take some."""
         with self._cond:
-            return len(self._events) < self.credit
+            return max(self.credit - len(self._events), 0)
 
     def _take(self) -> tuple[str, Any]:
         full = len(self._events) >= self.credit

@@ -18,7 +18,8 @@ its phonemizer) or rejects them. A request (`Utterance`) then moves its blocks t
 two stages in order; each pass packs, across requests, the blocks whose length is not known
 yet into one `durations` call and the next block of every request that has room in its
 output into one `synthesize` call, so requests that arrive while others are being spoken
-join the next call. A block's rows never mix with another's: the stages compute each row
+join the next call. A request already heard also sends its following blocks along, as many
+as its reader has room for, while the call is short (`_following`). A block's rows never mix with another's: the stages compute each row
 from its own ids, seed and counter, so a block's samples do not depend on what shared the
 call. A request whose reader has left `credit` blocks untaken sits out `synthesize` until
 the reader catches up; a cancelled one leaves at the next boundary.
@@ -45,6 +46,7 @@ FALLBACK_STAGE = "g2p_fallback"      # optional: the phonemizer's out-of-vocabul
 FALLBACK_COMPONENT = "phonemizer"
 STEP_IDS = 2048          # ids per `durations` call at most (a longer block runs alone)
 STEP_FRAMES = 4096       # output frames per `synthesize` call at most (a longer block runs alone)
+FOLLOWING_FRAMES = 2048  # frames of a call past which no request's later blocks join it (`_following`)
 BLOCK_CREDIT = 4         # blocks a reader may leave untaken before its request pauses
 MAX_BLOCKS = 4096        # blocks one request may have
 MAX_BLOCK_FRAMES = 1 << 18   # output frames one block may have (a broken duration stage fails only its request)
@@ -133,10 +135,11 @@ class SpeechService(StageService):
         unknown = [b for job in jobs if job.outbox.has_credit() for b in job.blocks[job.next_block:] if b.dur is None]
         if unknown:
             yield self._durations_plan(_within(unknown, lambda b: len(b.ids), STEP_IDS))
-        ready = [job.current for job in jobs if not job.future.done() and job.cancelled is None
-                 and job.current is not None and job.current.dur is not None and job.outbox.has_credit()]
-        if ready:
-            yield self._synthesize_plan(_within(ready, lambda b: b.frames, STEP_FRAMES))
+        speaking = [job for job in jobs if not job.future.done() and job.cancelled is None
+                    and job.current is not None and job.current.dur is not None and job.outbox.has_credit()]
+        if speaking:
+            blocks = _within([job.current for job in speaking], lambda b: b.frames, STEP_FRAMES)
+            yield self._synthesize_plan(blocks + _following(speaking, blocks))
 
     def _durations_plan(self, blocks: list[Block]) -> StepPlan:
         inputs = {"ids": np.concatenate([b.ids for b in blocks]),
@@ -183,6 +186,28 @@ class SpeechService(StageService):
             job.outbox.put("audio", data)
             if job.current is None:
                 self._finish(job, None)
+
+
+def _following(speaking: list[Utterance], taken: list[Block]) -> list[Block]:
+    """The blocks after the current one of requests that have already been heard (their first
+    block is out, so their reader is playing audio), in order, as many as each reader has room
+    for, while the call stays under FOLLOWING_FRAMES: a paragraph's later sentences share one
+    call (one plan, one set of launches, larger products) instead of a call each. A new
+    request's first block never waits behind them: every current block is taken first, and the
+    cap bounds how long the call takes."""
+    used = sum(b.frames for b in taken)
+    current = {id(b) for b in taken}
+    out: list[Block] = []
+    for job in speaking:
+        if job.next_block == 0 or id(job.current) not in current:
+            continue
+        room = job.outbox.room() - 1   # (the current block's event)
+        for b in job.blocks[job.next_block + 1:job.next_block + 1 + max(room, 0)]:
+            if b.dur is None or used + b.frames > FOLLOWING_FRAMES:
+                return out
+            out.append(b)
+            used += b.frames
+    return out
 
 
 def _within(blocks: list[Block], size: Any, budget: int) -> list[Block]:

@@ -3,14 +3,16 @@
 The fakes compute each row from its own ids, seed and counter (as the source contract
 requires), check the packing of every call, and `synthesize` blocks inside `run` until the
 test lets it go, so what is pending at a boundary is decided by the test, not by timing:
-blocks go out in order, one per request per pass; a request arriving while another is being
-spoken joins the next call; a reader that takes nothing pauses only its own request; a
+blocks go out in order, a request's first block alone and then its following blocks together,
+within its reader's room and a cap on the call's frames; a request arriving while another is
+being spoken joins the next call; a reader that takes nothing pauses only its own request; a
 cancelled request leaves at the next boundary; a broken length fails only its request.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +21,7 @@ from service_fakes import FakeResidency
 
 from loomrt.errors import LoomError, Unavailable
 from loomrt.services.outbox import Outbox
+from loomrt.services import speech
 from loomrt.services.speech import PreparedSpeech, SpeechService, Utterance
 
 HOP = 3
@@ -128,7 +131,8 @@ def test_blocks_stream_in_order_and_each_is_its_own(service):
     assert kind == "done" and audio == expected_blocks(blocks, 11)
     assert future.result(timeout=TIMEOUT) == outcome
     assert outcome["blocks"] == 3 and outcome["samples"] == sum(len(a) for a in audio) // 2
-    assert [c["counter"].tolist() for c in synthesize.calls] == [[0], [1], [2]]   # one block per pass
+    # the first block alone (first audio), then the rest in one call, still one event per block in order
+    assert [c["counter"].tolist() for c in synthesize.calls] == [[0], [1, 2]]
     assert [(e, f["block"]) for _, e, f in journal] == [("speech_block", 0), ("speech_block", 1), ("speech_block", 2)]
     assert len(durations.calls) == 1 and durations.calls[0]["speed"].tolist() == [1.0, 1.0, 1.0]
 
@@ -147,8 +151,43 @@ def test_a_request_arriving_mid_speech_joins_the_next_call(service):
     assert a_kind == b_kind == "done"
     assert a_audio == expected_blocks([[0, 5, 0], [0, 6, 0], [0, 7, 0]], 1)
     assert b_audio == expected_blocks([[0, 9, 9, 0], [0, 8, 0]], 2)
-    # the call after the first packs first's block 1 with second's block 0, each with its own seed
-    assert synthesize.calls[1]["seed"].tolist() == [1, 2] and synthesize.calls[1]["counter"].tolist() == [1, 0]
+    # the call after the first packs first's block 1 with second's block 0, each with its own seed,
+    # then first's following block (second is not heard yet: its block 1 waits for the next call)
+    assert synthesize.calls[1]["seed"].tolist() == [1, 2, 1] and synthesize.calls[1]["counter"].tolist() == [1, 0, 2]
+    assert synthesize.calls[2]["seed"].tolist() == [2] and synthesize.calls[2]["counter"].tolist() == [1]
+
+
+def test_following_blocks_fill_a_call_up_to_the_frames_cap(service, monkeypatch):
+    monkeypatch.setattr(speech, "FOLLOWING_FRAMES", 24)   # three blocks of 8 frames
+    svc, _, synthesize, _ = service()
+    blocks = [[0, 1, 0]] * 6
+    job = utterance(blocks, seed=4, credit=64)
+    svc.submit(job)
+    for _ in range(3):
+        synthesize.proceed.release()
+    audio, (kind, _) = read_all(job)
+    assert kind == "done" and audio == expected_blocks(blocks, 4)
+    assert [c["counter"].tolist() for c in synthesize.calls] == [[0], [1, 2, 3], [4, 5]]
+
+
+def test_following_blocks_never_take_more_than_the_readers_room(service):
+    svc, _, synthesize, _ = service()
+    blocks = [[0, 2, 0]] * 5
+    job = utterance(blocks, seed=9, credit=3)
+    svc.submit(job)
+    for _ in range(2):
+        synthesize.proceed.release()
+    # nobody reads yet: block 0 takes one of 3 events of room, so the next call takes block 1
+    # and one following block, and then the request waits for its reader
+    deadline = time.monotonic() + TIMEOUT
+    while job.next_block < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert [c["counter"].tolist() for c in synthesize.calls] == [[0], [1, 2]]
+    for _ in range(8):
+        synthesize.proceed.release()
+    audio, (kind, _) = read_all(job)
+    assert kind == "done" and audio == expected_blocks(blocks, 9)
 
 
 def test_a_stalled_reader_pauses_only_its_own_request(service):
