@@ -192,9 +192,11 @@ def _following(speaking: list[Utterance], taken: list[Block]) -> list[Block]:
     """The blocks after the current one of requests that have already been heard (their first
     block is out, so their reader is playing audio), in order, as many as each reader has room
     for, while the call stays under FOLLOWING_FRAMES: a paragraph's later sentences share one
-    call (one plan, one set of launches, larger products) instead of a call each. A new
-    request's first block never waits behind them: every current block is taken first, and the
-    cap bounds how long the call takes."""
+    call (one plan, one set of launches, larger products) instead of a call each. None join a
+    call that carries a request's first block, so first audio never waits behind them; the cap
+    bounds how long a request arriving during such a call waits for the next one."""
+    if any(b.index == 0 for b in taken):
+        return []
     used = sum(b.frames for b in taken)
     current = {id(b) for b in taken}
     out: list[Block] = []

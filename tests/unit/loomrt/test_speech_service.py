@@ -152,9 +152,10 @@ def test_a_request_arriving_mid_speech_joins_the_next_call(service):
     assert a_audio == expected_blocks([[0, 5, 0], [0, 6, 0], [0, 7, 0]], 1)
     assert b_audio == expected_blocks([[0, 9, 9, 0], [0, 8, 0]], 2)
     # the call after the first packs first's block 1 with second's block 0, each with its own seed,
-    # then first's following block (second is not heard yet: its block 1 waits for the next call)
-    assert synthesize.calls[1]["seed"].tolist() == [1, 2, 1] and synthesize.calls[1]["counter"].tolist() == [1, 0, 2]
-    assert synthesize.calls[2]["seed"].tolist() == [2] and synthesize.calls[2]["counter"].tolist() == [1]
+    # and nothing else: no following block delays a first block
+    assert synthesize.calls[1]["seed"].tolist() == [1, 2] and synthesize.calls[1]["counter"].tolist() == [1, 0]
+    # then both are heard: first's block 2 and second's block 1 (each the last of its request)
+    assert synthesize.calls[2]["seed"].tolist() == [1, 2] and synthesize.calls[2]["counter"].tolist() == [2, 1]
 
 
 def test_following_blocks_fill_a_call_up_to_the_frames_cap(service, monkeypatch):
