@@ -114,6 +114,7 @@ ACC_BLOCKS = 64
 SWAP_GROUP = 4  # blocks of a's rows per task on the swapped path when the packed b outgrows a chunk
 SWAP_N = 512  # most rows of b for which a call with more rows of a swaps the roles (a read in place)
 SHORT_K = 128  # at most this depth the roles swap whenever b fits SWAP_N: see `swapped`
+SWAP_NEAR_M = 96  # at least this many rows of a swap the roles when b (at most SWAP_N rows) has not many more: see `swapped`
 K_SLICE = 384  # steps of k per packed slice of a panel (24 KiB, in L1; 384 = a common model width, unsplit)
 
 # The motifs this module serves: name -> (dtype of b, batched). Each is one generated module.
@@ -122,11 +123,16 @@ MOTIFS = {"matmul": ("f32", False), "matmul_f16": ("f16", False), "bmm": ("f32",
 
 def swapped(m: int, k: int, n: int) -> bool:
     """Whether a call runs with the roles swapped (b packed, a read in place; the driver
-    decides the same). When a has more rows than b and b at most SWAP_N; and, whatever b's
-    rows, when k is short: then the store of each tile is a large part of its work, and only
-    the swapped tile stores rows of c as whole vectors (attention scores, q . k^T over 64
-    features: 48 x 257 . 257 125 -> 159 GFLOP/s, 12 x 1500 . 1500 131 -> 147 GFLOP/s)."""
-    return m > PANEL_ROWS and ((m > n and n <= SWAP_N) or k <= SHORT_K)
+    decides the same). When b has at most SWAP_N rows and a has more, or at least
+    SWAP_NEAR_M and seven tenths of b's (the speaker's 200 x 768 . 256: 1.06-1.15x, its
+    32-row panels of b fill their lanes where a's 200 rows filled 224; 96-224 x 384 . 128-256
+    1.03-1.09x; fewer rows of a left too few tasks: 64 x 384 . 64 0.69x, 100 x 384 . 512
+    0.90x); and, whatever b's rows, when k is short: then the store of each tile is a large
+    part of its work, and only the swapped tile stores rows of c as whole vectors (attention
+    scores, q . k^T over 64 features: 48 x 257 . 257 125 -> 159 GFLOP/s, 12 x 1500 . 1500 131
+    -> 147 GFLOP/s)."""
+    near = m >= SWAP_NEAR_M and 10 * m >= 7 * n
+    return m > PANEL_ROWS and ((n <= SWAP_N and (m > n or near)) or k <= SHORT_K)
 
 
 def workspace_elems(motif: str, groups: int, m: int, k: int, n: int) -> int:
@@ -445,7 +451,7 @@ def FUNCTION(a, b, c, ws):
     per_chunk = (blocks + chunks - 1) // chunks   # chunks of even size (72 blocks: 36 + 36, not 42 + 30)
     b_flat = b.reshape(-1)
     c_flat = c.reshape(-1)   # stores index it unsigned: no negative-index wrap, so they vectorize
-    if M > SWAP_MIN_M and ((M > N and N <= SWAP_N) or K <= SHORT_K):   # `swapped`
+    if M > SWAP_MIN_M and ((N <= SWAP_N and (M > N or (M >= SWAP_NEAR_M and 10 * M >= 7 * N))) or K <= SHORT_K):   # `swapped`
         # Many rows of a, few of b (a convolution's columns), or a short k: the roles swap.
         # b is packed once, in panels of MR rows, as the vector side; a's rows are read in
         # place as the broadcast side, NR at a time (the last partial block from a zero-padded
@@ -647,7 +653,8 @@ def render_module(motif: str = "matmul") -> str:
               f"({b_dtype} b{', batched' if batched else ''}; loomc/lower/matmul.py), tiles "
               + ", ".join(f"{mr} x {nr}" for _, mr, nr, _ in tiles) + "\n")
     constants = (f"UNROLL = {UNROLL}\nCHUNK_ELEMS = {CHUNK_ELEMS}\nTASKS = {TASKS}\nACC_BLOCKS = {ACC_BLOCKS}\n"
-                 f"SWAP_N = {SWAP_N}\nSHORT_K = {SHORT_K}\nSWAP_GROUP = {SWAP_GROUP}\nSWAP_MIN_M = {PANEL_ROWS}\n")
+                 f"SWAP_N = {SWAP_N}\nSHORT_K = {SHORT_K}\nSWAP_GROUP = {SWAP_GROUP}\nSWAP_MIN_M = {PANEL_ROWS}\n"
+                 f"SWAP_NEAR_M = {SWAP_NEAR_M}\n")
     bodies = []
     for suffix, mr, nr, kc in tiles:
         constants += f"MR{suffix} = {mr}\nNR{suffix} = {nr}\nKC{suffix} = {kc}\nSWAP_PANELS{suffix} = {-(-SWAP_N // mr)}\n"
@@ -665,7 +672,7 @@ _ENTRY = '''
 def FUNCTION(a, b, c, ws):
     M, K = a.shape[1], a.shape[2]
     N = b.shape[1]
-    p = N if M > SWAP_MIN_M and ((M > N and N <= SWAP_N) or K <= SHORT_K) else M
+    p = N if M > SWAP_MIN_M and ((N <= SWAP_N and (M > N or (M >= SWAP_NEAR_M and 10 * M >= 7 * N))) or K <= SHORT_K) else M
     if p >= MR_w and (p + MR_w - 1) // MR_w * MR_w * 10 <= (p + MR_n - 1) // MR_n * MR_n * 11:
         FUNCTION_w(a, b, c, ws)
     else:

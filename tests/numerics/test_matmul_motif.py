@@ -88,11 +88,13 @@ def test_swapped_blocks_of_a_grouped_per_task_keep_each_chain(product, rng):
 
 @pytest.mark.parametrize("motif", ["matmul", "matmul_f16", "bmm"])
 @pytest.mark.parametrize("g, m, k, n", [(1, 200, 400, 603), (1, 96, 500, 1000), (1, 300, 64, 200),
-                                        (1, 1030, 700, 384), (2, 257, 64, 257), (1, 21, 50, 600), (1, 40, 300, 1100)])
+                                        (1, 1030, 700, 384), (2, 257, 64, 257), (1, 21, 50, 600), (1, 40, 300, 1100),
+                                        (1, 203, 300, 256)])
 # wide tile, roles kept: a partial last panel, a partial last block of b, k in three slices
 # (200 x 603), b in several chunks (96 x 1000); roles swapped (more rows of a, or a short k):
 # a partial block of a (300, 1030: grouped per task), two groups (257 x 257), two passes (600);
-# 40 rows of a: the narrow tile (40 fills 48 of its lanes, 64 of the wide one's)
+# 40 rows of a: the narrow tile (40 fills 48 of its lanes, 64 of the wide one's); 203 x 256:
+# swapped with fewer rows of a than of b (`swapped`'s near rule), a partial block of a
 def test_both_tiles_compute_each_chain(rng, motif, g, m, k, n):
     from loomc.lower import matmul
     from loomc.lower.numba import load_module, module_path
@@ -136,6 +138,16 @@ def test_an_empty_k_gives_zeros_on_every_path(motif, m, n):
         driver(a, b, c, np.zeros(max(1, matmul.workspace_elems(motif, g, m, 0, n)), np.float32))
         np.testing.assert_array_equal(c, np.zeros((g, m, n), np.float32))
         assert not np.signbit(c).any()
+
+
+def test_the_roles_swap_where_b_is_small_and_a_has_not_many_fewer_rows():
+    from loomc.lower import matmul
+
+    assert matmul.swapped(2056, 384, 384) and matmul.swapped(300, 384, 200)     # more rows of a
+    assert matmul.swapped(200, 768, 256) and matmul.swapped(96, 384, 128)       # at least 7/10 of b's
+    assert not matmul.swapped(64, 384, 64)                                      # too few rows of a
+    assert not matmul.swapped(100, 384, 512) and not matmul.swapped(200, 256, 768)   # too many of b
+    assert matmul.swapped(40, 64, 1100)                                         # a short k, whatever b
 
 
 def test_the_wide_tile_runs_where_its_panels_are_full(monkeypatch):
