@@ -121,6 +121,10 @@ K_SLICE = 384  # steps of k per packed slice of a panel (24 KiB, in L1; 384 = a 
 MOTIFS = {"matmul": ("f32", False), "matmul_f16": ("f16", False), "bmm": ("f32", True)}
 
 
+# `swapped` as the generated drivers and entries test it, over their M, K and N
+SWAPPED_TEST = "M > SWAP_MIN_M and ((N <= SWAP_N and (M > N or (M >= SWAP_NEAR_M and 10 * M >= 7 * N))) or K <= SHORT_K)"
+
+
 def swapped(m: int, k: int, n: int) -> bool:
     """Whether a call runs with the roles swapped (b packed, a read in place; the driver
     decides the same). When b has at most SWAP_N rows and a has more, or at least
@@ -451,7 +455,7 @@ def FUNCTION(a, b, c, ws):
     per_chunk = (blocks + chunks - 1) // chunks   # chunks of even size (72 blocks: 36 + 36, not 42 + 30)
     b_flat = b.reshape(-1)
     c_flat = c.reshape(-1)   # stores index it unsigned: no negative-index wrap, so they vectorize
-    if M > SWAP_MIN_M and ((N <= SWAP_N and (M > N or (M >= SWAP_NEAR_M and 10 * M >= 7 * N))) or K <= SHORT_K):   # `swapped`
+    if SWAPPED_TEST:   # `swapped`
         # Many rows of a, few of b (a convolution's columns), or a short k: the roles swap.
         # b is packed once, in panels of MR rows, as the vector side; a's rows are read in
         # place as the broadcast side, NR at a time (the last partial block from a zero-padded
@@ -659,7 +663,7 @@ def render_module(motif: str = "matmul") -> str:
     for suffix, mr, nr, kc in tiles:
         constants += f"MR{suffix} = {mr}\nNR{suffix} = {nr}\nKC{suffix} = {kc}\nSWAP_PANELS{suffix} = {-(-SWAP_N // mr)}\n"
         bodies.append(_tile_driver_source(motif, suffix, mr, nr, kc))
-    entry = (_ENTRY if WIDE_TILE else _NARROW_ENTRY).replace("FUNCTION", function_name(motif))
+    entry = (_ENTRY if WIDE_TILE else _NARROW_ENTRY).replace("FUNCTION", function_name(motif)).replace("SWAPPED_TEST", SWAPPED_TEST)
     text = "".join(bodies) + entry
     helpers = "".join(h + "\n\n" for h in helpers_for(text))
     return header + IMPORTS + "\n" + constants + "\n" + helpers + text
@@ -672,7 +676,7 @@ _ENTRY = '''
 def FUNCTION(a, b, c, ws):
     M, K = a.shape[1], a.shape[2]
     N = b.shape[1]
-    p = N if M > SWAP_MIN_M and ((N <= SWAP_N and (M > N or (M >= SWAP_NEAR_M and 10 * M >= 7 * N))) or K <= SHORT_K) else M
+    p = N if SWAPPED_TEST else M
     if p >= MR_w and (p + MR_w - 1) // MR_w * MR_w * 10 <= (p + MR_n - 1) // MR_n * MR_n * 11:
         FUNCTION_w(a, b, c, ws)
     else:
@@ -699,7 +703,8 @@ def _tile_driver_source(motif: str, suffix: str, mr: int, nr: int, kc: int) -> s
     b_dtype = MOTIFS[motif][0]
     setup, prepare, block = _B_SOURCES[b_dtype]
     swap_panels = -(-SWAP_N // mr)
-    driver = (_DRIVER.replace("FUNCTION", function_name(motif) + suffix).replace("SETUP_B", setup).replace("PREPARE_B", prepare)
+    driver = (_DRIVER.replace("FUNCTION", function_name(motif) + suffix).replace("SWAPPED_TEST", SWAPPED_TEST)
+              .replace("SETUP_B", setup).replace("PREPARE_B", prepare)
               .replace("SWAP_GROUP_ACC_ELEMS", str(SWAP_GROUP * swap_panels * nr * mr))
               .replace("SWAP_ACC_ELEMS", str(swap_panels * nr * mr))
               .replace("BLOCK_OF_B", block).replace("PK_ELEMS", str(kc * mr))

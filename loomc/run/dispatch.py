@@ -224,8 +224,6 @@ class CommandProgram:
             for o in d.operands:
                 if isinstance(o, TensorRef) and o.kind == "scratch":
                     self.scratch_uses.setdefault(o.name, []).append(i)
-        # the scratch tensors a ShapePlan places, their item sizes, and for each the others
-        # live at some same dispatch (between first and last use), which may not share its bytes
         # one motif dispatch per distinct callee and operand shapes and scalars: the workspace
         # every ShapePlan sizes is the largest any of them wants (a model repeats a few)
         self.motif_shapes = list({(d.callee, tuple(o.dims if isinstance(o, TensorRef) else o for o in d.operands)): d
@@ -233,6 +231,8 @@ class CommandProgram:
         # each dispatch's scalar operands that name nothing (constants), evaluated once
         self.static_scalars = {id(d): [interpret.evaluate(o, {}) if not isinstance(o, TensorRef) and is_static(o)
                                        else _NOT_STATIC for o in d.operands] for d in plan.dispatches}
+        # the scratch tensors a ShapePlan places, their item sizes, and for each the others
+        # live at some same dispatch (between first and last use), which may not share its bytes
         self.scratch_specs = [s for s in plan.scratch if s.name in self.scratch_uses]
         self.scratch_itemsizes = [np.dtype(HOST_STORAGE[s.dtype]).itemsize for s in self.scratch_specs]
         spans = [(min(self.scratch_uses[s.name]), max(self.scratch_uses[s.name])) for s in self.scratch_specs]

@@ -84,11 +84,10 @@ class KernelLauncher:
         self.functions = tuple(functions)
         self._positions = {p.name: i for i, p in enumerate(self.params)}
         # what `bind` reads per launch, worked out once: each symbol's source (name, position,
-        # axis, quantized), the positions those sources occupy, and per buffer its kernel dtype
+        # axis, dtype of the buffer) and the positions those sources occupy
         self._sources = [(s.name, self._positions[s.buffer], s.axis, self.params[self._positions[s.buffer]].dtype)
                          for s in self.symbols]
         self._source_positions = sorted({position for _, position, _, _ in self._sources})
-        self._kernel_dtypes = [None if isinstance(p, ir.ScalarParam) else _KERNEL_DTYPES[p.dtype] for p in self.params]
         # buffers whose every dimension is a symbol read from that very axis of the buffer
         # itself: their shape is the one it implies, nothing to compute or compare
         sourced = {(name, position, axis) for name, position, axis, dtype in self._sources if dtype not in ir.QUANT_DTYPES}
@@ -116,23 +115,21 @@ class KernelLauncher:
         for name, position, axis, dtype in self._sources:
             env[name] = logical_dim(dtype, values[position].shape, axis)
         flat: list[Any] = []
-        for position, (p, value, kernel) in enumerate(zip(self.params, values, self._kernel_dtypes)):
-            if kernel is None:
+        for position, (p, value) in enumerate(zip(self.params, values)):
+            if isinstance(p, ir.ScalarParam):
                 flat.append(self.scalar(p, value))
                 continue
-            if self._self_shaped[position]:   # (checked above, with the symbols' sources)
-                flat.append((value if value.dtype == kernel else value.view(kernel)).reshape(-1))
-                continue
-            if not checked and position not in self._source_positions:
-                self.check_array(p, value)
-            want = tuple(_dim_value(d, env) for d in p.dims)
-            if want and min(want) < 0:
-                raise self.fail(f"'{p.name}' would have dimensions {want}")
-            expected = storage_shape(p.dtype, want) if p.dtype in ir.QUANT_DTYPES else want
-            if value.shape != expected:
-                shown = f"{p.dtype}{list(want)}" + (f" (stored as uint8{list(expected)})" if p.dtype in ir.QUANT_DTYPES else "")
-                raise self.fail(f"'{p.name}' must be {shown} given {self.symbol_text(env)}, got shape {list(value.shape)}")
-            flat.append((value if value.dtype == kernel else value.view(kernel)).reshape(-1))
+            if not self._self_shaped[position]:   # (a self-shaped one was checked with the sources)
+                if not checked and position not in self._source_positions:
+                    self.check_array(p, value)
+                want = tuple(_dim_value(d, env) for d in p.dims)
+                if want and min(want) < 0:
+                    raise self.fail(f"'{p.name}' would have dimensions {want}")
+                expected = storage_shape(p.dtype, want)
+                if value.shape != expected:
+                    shown = f"{p.dtype}{list(want)}" + (f" (stored as uint8{list(expected)})" if p.dtype in ir.QUANT_DTYPES else "")
+                    raise self.fail(f"'{p.name}' must be {shown} given {self.symbol_text(env)}, got shape {list(value.shape)}")
+            flat.append(flat_view(p.dtype, value))
         flat += [env[s.name] for s in self.symbols]
         return tuple(flat)
 

@@ -19,9 +19,9 @@ two stages in order; each pass packs, across requests, the blocks whose length i
 yet into one `durations` call and the next block of every request that has room in its
 output into one `synthesize` call, so requests that arrive while others are being spoken
 join the next call. A request already heard also sends its following blocks along, as many
-as its reader has room for, while the call is short (`_following`). A block's rows never mix with another's: the stages compute each row
-from its own ids, seed and counter, so a block's samples do not depend on what shared the
-call. A request whose reader has left `credit` blocks untaken sits out `synthesize` until
+as its reader has room for, while the call is short (`_following`). A block's rows never mix
+with another's: the stages compute each row from its own ids, seed and counter, so a block's
+samples do not depend on what shared the call. A request whose reader has left `credit` blocks untaken sits out `synthesize` until
 the reader catches up; a cancelled one leaves at the next boundary.
 """
 
@@ -201,11 +201,13 @@ def _following(speaking: list[Utterance], taken: list[Block]) -> list[Block]:
     current = {id(b) for b in taken}
     out: list[Block] = []
     for job in speaking:
-        if job.next_block == 0 or id(job.current) not in current:
+        if id(job.current) not in current:
             continue
         room = job.outbox.room() - 1   # (the current block's event)
         for b in job.blocks[job.next_block + 1:job.next_block + 1 + max(room, 0)]:
-            if b.dur is None or used + b.frames > FOLLOWING_FRAMES:
+            if b.dur is None:   # not measured yet: this request's later blocks wait
+                break
+            if used + b.frames > FOLLOWING_FRAMES:
                 return out
             out.append(b)
             used += b.frames
