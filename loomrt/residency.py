@@ -129,8 +129,10 @@ class Residency:
     # ---- eviction --------------------------------------------------------------------------
 
     def _drop(self, component: Component) -> None:
-        component.params, component.nbytes = None, 0
+        # the device's accounting first: whoever sees the component not resident (it reads
+        # `params` without this lock) then sees its bytes released too
         self.devices.set(component.device.key, component.owner, "params", 0)
+        component.params, component.nbytes = None, 0
 
     def _eligible(self, device: Device, keep: Component | None = None) -> list[Component]:
         out = [c for c in self._components if c.device is device and c.resident and not c.pinned
