@@ -108,9 +108,9 @@ def FUNCTION(x, w, y, ws):
             t += span
 '''
 
-# The intrinsics, as LLVM IR through llvmlite: the target's dot instruction is chosen when
-# numba compiles them, from the CPU it compiles for (numba keys its cache on that CPU).
-_INTRINSICS = '''
+# Helpers of the LLVM IR intrinsics of generated modules (this one's and loomc/lower/i8gemm.py's):
+# which instructions the target has, declaring an LLVM function, a typed pointer into an array.
+IR_HELPERS_SOURCE = '''
 def _lm_target_has(feature):
     # whether numba generates code for a CPU with `feature`: NUMBA_CPU_FEATURES when a
     # machine class is emulated, else the host's
@@ -136,7 +136,11 @@ def _lm_pointer(context, builder, array_type, array, offset, element):
     data = context.make_array(array_type)(context, builder, array).data
     return builder.bitcast(builder.gep(data, [offset]), element.as_pointer())
 
+'''
 
+# The intrinsics, as LLVM IR through llvmlite: the target's dot instruction is chosen when
+# numba compiles them, from the CPU it compiles for (numba keys its cache on that CPU).
+_INTRINSICS = IR_HELPERS_SOURCE + '''
 def _lm_dot16(builder, w, x):
     # <16 x i32>: lane j = w[2j] x[2j] + w[2j + 1] x[2j + 1] over two <32 x i16> blocks of codes,
     # exact (|w| <= 128, |x| <= 32767): one vpmaddwd on AVX-512, two with AVX2 (lanes 0..7 from

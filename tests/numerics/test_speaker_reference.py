@@ -12,23 +12,32 @@ What differs, and the bounds:
 
 * hibari.onnx is ORT-dynamically quantized: before every pointwise/linear layer the whole
   activation tensor is quantized to uint8 with one scale computed over all its positions. Loom
-  keeps activations f32 and dequantizes the int8 weights once (the per-tensor activation scale
-  couples every frame of a tensor, so it would break batch invariance). The analysis of the
-  model (§1.9) measured that this changes the outputs by about as much as ORT changes itself
-  between its own optimization levels or thread counts.
+  never couples positions (that would break batch invariance): the text encoders and the
+  duration head keep activations f32 on dequantized weights; the frame-rate layers (prosody
+  and acoustic decoder blocks, head) run the `matmul_i8` motif, whose activations are
+  quantized to uint8 per row (per frame) against the int8 weights as stored. The analysis of
+  the model (§1.9) measured that f32 activations change the outputs by about as much as ORT
+  changes itself between its own optimization levels or thread counts; the per-row int8 layers
+  left the deviations from ORT where they were (below).
 * (a) Durations: equal on the four sentences of DURATION_EXACT. The duration head's
   `exp(d) - 1` amplifies the quantization noise; on other sentences a phoneme's raw value
   lands on the other side of a .5 boundary (measured: "Good morning, everyone." 1.528 -> ours
   1 frame, ORT 2; the L=170 sentence 3.573 -> 3 vs 4). Those are checked with a bound: at most
   2 phonemes differ, each by one frame.
 * (b) With ORT's durations forced, the head's outputs and f0 (relative RMS over the
-  sentence; measured on these sentences: lh 0.7-1.2 %, ln 0.5-0.8 %, lr 0.6-1.1 %, f0 0.3-0.5 %,
-  theta 1.7-2.4 %, phi 2.1-2.9 %; theta and phi are phase-like channels that the uint8 steps
-  move most). Bounds: 2 % (lh, ln, lr), 1 % (f0), 5 % (theta, phi), and a largest absolute
+  sentence; measured on these sentences: lh 0.8-1.1 %, ln 0.5-0.7 %, lr 0.8-0.9 %, f0 0.4-0.5 %,
+  theta 2.1-2.5 %, phi 2.5-3.0 %; with f32 activations everywhere it was lh 0.7-1.2 %, ln
+  0.5-0.8 %, lr 0.6-1.1 %, f0 0.3-0.5 %, theta 1.7-2.4 %, phi 2.1-2.9 %; theta and phi are
+  phase-like channels that the uint8 steps move most). Bounds: 2 % (lh, ln, lr), 1 % (f0), 5 % (theta, phi), and a largest absolute
   difference below 10 % of each channel's range (measured up to 1.6 on lh's range of 24).
-* The same computation with f32 activations, re-stated in numpy from the ONNX graph
-  (float64 matmuls, torch's erf), agrees with Loom to a relative RMS of 4e-7 and identical
-  durations: the deviation from ORT is the activation quantization alone. Bound: 1e-5.
+* The same computation re-stated in numpy from the ONNX graph (float64 matmuls, torch's erf;
+  the frame-rate layers quantized per row as `matmul_i8`'s contract says, exact integer dots)
+  gives identical durations and f0 within a relative RMS of 2e-7 (bound 1e-5): the deviation
+  from ORT is the activation quantization alone. The head's outputs agree to 0.2 % (theta
+  and phi up to 1 %; bounds 0.5 % over all, 2 % per part): a last-bit difference upstream
+  (numpy's f64 products, its layernorm's order) moves an activation across a code's rounding
+  boundary now and then, and the acoustic decoder carries that one-step change on. The motif
+  itself is bit-exact against numpy (tests/numerics/test_i8gemm_motif.py).
 * (c) Batch invariance: the sentences packed in one call (rows, no padding, different speeds)
   give the same bits as each alone, for the durations and for the acoustic outputs.
 """
@@ -173,6 +182,14 @@ def f32_activation_reference(ids: np.ndarray) -> dict:
         w = W[q + "_quantized"].astype(f32) * W[q + "_scale"]
         return (x.astype(np.float64) @ w.astype(np.float64)).astype(f32) + W[bias]
 
+    def lin_i8(x, q, bias):   # the `matmul_i8` motif's contract: x quantized per row to uint8
+        lo, hi = np.minimum(x.min(1), f32(0)), np.maximum(x.max(1), f32(0))
+        s = (hi - lo) / f32(255)
+        zp = np.clip(np.rint(-lo / s), 0, 255)
+        codes = np.clip(np.rint(x / s[:, None]) + zp[:, None], 0, 255).astype(np.int64)
+        dots = (codes - zp.astype(np.int64)[:, None]) @ W[q + "_quantized"].astype(np.int64)
+        return dots.astype(f32) * (s * W[q + "_scale"])[:, None] + W[bias]
+
     def gelu(x):
         e = torch.special.erf(torch.from_numpy(np.ascontiguousarray(x / f32(1.4142135381698608), f32))).numpy()
         return (x * (f32(1) + e)) * f32(0.5)
@@ -191,9 +208,9 @@ def f32_activation_reference(ids: np.ndarray) -> dict:
             out += w[:, 0, k:k + 1] * window if depthwise else w[:, :, k] @ window
         return out + b[:, None]
 
-    def convnext(x, p, q, pad, dil=1):
+    def convnext(x, p, q, pad, dil=1, linear=lin):
         h = ln(conv(x, W[p + ".dw.weight"], W[p + ".dw.bias"], pad, dil, True).T, p + ".norm")
-        h = lin(gelu(lin(h, q.format("pw1"), p + ".pw1.bias")), q.format("pw2"), p + ".pw2.bias")
+        h = linear(gelu(linear(h, q.format("pw1"), p + ".pw1.bias")), q.format("pw2"), p + ".pw2.bias")
         return x + (W[p + ".gamma"] * h).T
 
     def layer(x, p, q):
@@ -226,15 +243,15 @@ def f32_activation_reference(ids: np.ndarray) -> dict:
     t = len(idx)
     x = conv(hp[:, idx], W["pn.pro_in.weight"], W["pn.pro_in.bias"], 0)
     for i, dil in enumerate([1, 2, 4, 8, 1, 2]):
-        x = convnext(x, f"pn.pro.{i}", f"/pro.{i}/{{}}/Transpose_output_0", 3 * dil, dil)
+        x = convnext(x, f"pn.pro.{i}", f"/pro.{i}/{{}}/Transpose_output_0", 3 * dil, dil, lin_i8)
     po = conv(x, W["pn.pro_out.weight"], W["pn.pro_out.bias"], 0).reshape(2, 2, t).transpose(0, 2, 1).reshape(2, 2 * t)
     f0, en = po[0] * f32(100), po[1] * f32(5)
     xin = np.concatenate([np.repeat(hm[:, idx], 2, axis=1), (np.log(f32(1) + np.maximum(f0, 0)) / f32(5))[None],
                           (en / f32(5))[None]], 0)
     x = conv(xin, W["m.dec_in.weight"], W["m.dec_in.bias"], 3)
     for i in range(8):
-        x = convnext(x, f"m.dec.{i}", f"/dec.{i}/{{}}/Transpose_output_0", 3)
-    parts = lin(ln(x.T, "m.dec_norm"), "/head/Transpose_output_0", "m.head.bias")
+        x = convnext(x, f"m.dec.{i}", f"/dec.{i}/{{}}/Transpose_output_0", 3, linear=lin_i8)
+    parts = lin_i8(ln(x.T, "m.dec_norm"), "/head/Transpose_output_0", "m.head.bias")
     return {"dur": dur, "parts": parts, "f0": f0}
 
 
@@ -244,8 +261,10 @@ def test_the_deviation_from_onnxruntime_is_its_activation_quantization(speaker, 
     dur = durations(speaker, ids)
     np.testing.assert_array_equal(dur, ref["dur"])
     ours = acoustic(speaker, ids, dur)
-    assert rel_rms(ours["parts"], ref["parts"]) < 1e-5
     assert rel_rms(ours["f0"], ref["f0"]) < 1e-5
+    assert rel_rms(ours["parts"], ref["parts"]) < 5e-3
+    for k, name in enumerate(PARTS):
+        assert rel_rms(ours["parts"][:, k * BINS:(k + 1) * BINS], ref["parts"][:, k * BINS:(k + 1) * BINS]) < 2e-2, name
 
 
 def test_packed_sentences_give_the_same_bits_as_each_alone(speaker, phonemes):
