@@ -1,5 +1,5 @@
 """The speaker sample (hibari-tts 0.2.1's acoustic model, `hibari/assets/hibari.onnx`) against
-onnxruntime running that very file, and against a numpy re-statement with f32 activations.
+onnxruntime running that very file, and against a numpy re-statement of the graph.
 
 onnxruntime (the test extra) runs the ONNX graph as hibari does (CPU, 1 thread, default graph
 optimizations) on the phoneme ids of real sentences (hibari's G2P with its OOV net switched off:
@@ -12,32 +12,32 @@ What differs, and the bounds:
 
 * hibari.onnx is ORT-dynamically quantized: before every pointwise/linear layer the whole
   activation tensor is quantized to uint8 with one scale computed over all its positions. Loom
-  never couples positions (that would break batch invariance): the text encoders and the
-  duration head keep activations f32 on dequantized weights; the frame-rate layers (prosody
-  and acoustic decoder blocks, head) run the `matmul_i8` motif, whose activations are
-  quantized to uint8 per row (per frame) against the int8 weights as stored. The analysis of
-  the model (§1.9) measured that f32 activations change the outputs by about as much as ORT
-  changes itself between its own optimization levels or thread counts; the per-row int8 layers
-  left the deviations from ORT where they were (below).
+  never couples positions (that would break batch invariance): its pointwise/linear layers run
+  the `matmul_i8` motif on the int8 weights as stored, with the activations quantized to uint8
+  per row (per phoneme or frame). The analysis of the model (§1.9) measured that f32
+  activations on dequantized weights change the outputs by about as much as ORT changes itself
+  between its own optimization levels or thread counts; the per-row int8 layers leave the
+  deviations from ORT where f32 left them (below).
 * (a) Durations: equal on the four sentences of DURATION_EXACT. The duration head's
   `exp(d) - 1` amplifies the quantization noise; on other sentences a phoneme's raw value
   lands on the other side of a .5 boundary (measured: "Good morning, everyone." 1.528 -> ours
   1 frame, ORT 2; the L=170 sentence 3.573 -> 3 vs 4). Those are checked with a bound: at most
   2 phonemes differ, each by one frame.
 * (b) With ORT's durations forced, the head's outputs and f0 (relative RMS over the
-  sentence; measured on these sentences: lh 0.8-1.1 %, ln 0.5-0.7 %, lr 0.8-0.9 %, f0 0.4-0.5 %,
-  theta 2.1-2.5 %, phi 2.5-3.0 %; with f32 activations everywhere it was lh 0.7-1.2 %, ln
-  0.5-0.8 %, lr 0.6-1.1 %, f0 0.3-0.5 %, theta 1.7-2.4 %, phi 2.1-2.9 %; theta and phi are
-  phase-like channels that the uint8 steps move most). Bounds: 2 % (lh, ln, lr), 1 % (f0), 5 % (theta, phi), and a largest absolute
-  difference below 10 % of each channel's range (measured up to 1.6 on lh's range of 24).
-* The same computation re-stated in numpy from the ONNX graph (float64 matmuls, torch's erf;
-  the frame-rate layers quantized per row as `matmul_i8`'s contract says, exact integer dots)
-  gives identical durations and f0 within a relative RMS of 2e-7 (bound 1e-5): the deviation
-  from ORT is the activation quantization alone. The head's outputs agree to 0.2 % (theta
-  and phi up to 1 %; bounds 0.5 % over all, 2 % per part): a last-bit difference upstream
+  sentence; measured on these sentences: lh 0.8-1.1 %, ln 0.5-0.7 %, lr 0.7-0.9 %, f0 0.4-0.5 %,
+  theta 2.0-2.5 %, phi 2.5-3.0 %; with f32 activations it was lh 0.7-1.2 %, ln 0.5-0.8 %, lr
+  0.6-1.1 %, f0 0.3-0.5 %, theta 1.7-2.4 %, phi 2.1-2.9 %; theta and phi are phase-like
+  channels that the uint8 steps move most). Bounds: 2 % (lh, ln, lr), 1 % (f0), 5 % (theta,
+  phi), and a largest absolute difference below 10 % of each channel's range (measured up to
+  1.6 on lh's range of 24).
+* The same computation re-stated in numpy from the ONNX graph (float64 f32-weight convs,
+  torch's erf, every int8 layer quantized per row as `matmul_i8`'s contract says, with exact
+  integer dots) gives identical durations; the head's outputs agree to 0.3-0.6 % (per part up
+  to 1.7 %, theta and phi) and f0 to 0.15-0.35 %. Not closer: a last-bit difference upstream
   (numpy's f64 products, its layernorm's order) moves an activation across a code's rounding
-  boundary now and then, and the acoustic decoder carries that one-step change on. The motif
-  itself is bit-exact against numpy (tests/numerics/test_i8gemm_motif.py).
+  boundary now and then, one step of 1/255 of its row's range, and the layers after it carry
+  that on. Bounds: 1 % over all parts and for f0, 3 % per part. The motif itself is bit-exact
+  against numpy (tests/numerics/test_i8gemm_motif.py).
 * (c) Batch invariance: the sentences packed in one call (rows, no padding, different speeds)
   give the same bits as each alone, for the durations and for the acoustic outputs.
 """
@@ -169,20 +169,16 @@ def test_acoustic_outputs_match_onnxruntime_with_its_durations(speaker, phonemes
     assert np.abs(ours["f0"] - ref["f0"]).max() < 0.1 * np.ptp(ref["f0"])
 
 
-def f32_activation_reference(ids: np.ndarray) -> dict:
-    """hibari.onnx re-stated in numpy with f32 activations: each quantized linear layer is
-    x @ (W_int8 * scale) + bias (float64 product), everything else as the graph computes it."""
+def restated_reference(ids: np.ndarray) -> dict:
+    """hibari.onnx re-stated in numpy: each quantized linear layer as `matmul_i8` computes it
+    (x quantized per row, exact integer dots) + bias, everything else as the graph computes it."""
     import torch
 
     model = onnx.load(str(resolve_locator(HIBARI)))
     W = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     f32 = np.float32
 
-    def lin(x, q, bias):
-        w = W[q + "_quantized"].astype(f32) * W[q + "_scale"]
-        return (x.astype(np.float64) @ w.astype(np.float64)).astype(f32) + W[bias]
-
-    def lin_i8(x, q, bias):   # the `matmul_i8` motif's contract: x quantized per row to uint8
+    def lin(x, q, bias):   # the `matmul_i8` motif's contract: x quantized per row to uint8
         lo, hi = np.minimum(x.min(1), f32(0)), np.maximum(x.max(1), f32(0))
         s = (hi - lo) / f32(255)
         zp = np.clip(np.rint(-lo / s), 0, 255)
@@ -208,9 +204,9 @@ def f32_activation_reference(ids: np.ndarray) -> dict:
             out += w[:, 0, k:k + 1] * window if depthwise else w[:, :, k] @ window
         return out + b[:, None]
 
-    def convnext(x, p, q, pad, dil=1, linear=lin):
+    def convnext(x, p, q, pad, dil=1):
         h = ln(conv(x, W[p + ".dw.weight"], W[p + ".dw.bias"], pad, dil, True).T, p + ".norm")
-        h = linear(gelu(linear(h, q.format("pw1"), p + ".pw1.bias")), q.format("pw2"), p + ".pw2.bias")
+        h = lin(gelu(lin(h, q.format("pw1"), p + ".pw1.bias")), q.format("pw2"), p + ".pw2.bias")
         return x + (W[p + ".gamma"] * h).T
 
     def layer(x, p, q):
@@ -243,28 +239,28 @@ def f32_activation_reference(ids: np.ndarray) -> dict:
     t = len(idx)
     x = conv(hp[:, idx], W["pn.pro_in.weight"], W["pn.pro_in.bias"], 0)
     for i, dil in enumerate([1, 2, 4, 8, 1, 2]):
-        x = convnext(x, f"pn.pro.{i}", f"/pro.{i}/{{}}/Transpose_output_0", 3 * dil, dil, lin_i8)
+        x = convnext(x, f"pn.pro.{i}", f"/pro.{i}/{{}}/Transpose_output_0", 3 * dil, dil)
     po = conv(x, W["pn.pro_out.weight"], W["pn.pro_out.bias"], 0).reshape(2, 2, t).transpose(0, 2, 1).reshape(2, 2 * t)
     f0, en = po[0] * f32(100), po[1] * f32(5)
     xin = np.concatenate([np.repeat(hm[:, idx], 2, axis=1), (np.log(f32(1) + np.maximum(f0, 0)) / f32(5))[None],
                           (en / f32(5))[None]], 0)
     x = conv(xin, W["m.dec_in.weight"], W["m.dec_in.bias"], 3)
     for i in range(8):
-        x = convnext(x, f"m.dec.{i}", f"/dec.{i}/{{}}/Transpose_output_0", 3, linear=lin_i8)
-    parts = lin_i8(ln(x.T, "m.dec_norm"), "/head/Transpose_output_0", "m.head.bias")
+        x = convnext(x, f"m.dec.{i}", f"/dec.{i}/{{}}/Transpose_output_0", 3)
+    parts = lin(ln(x.T, "m.dec_norm"), "/head/Transpose_output_0", "m.head.bias")
     return {"dur": dur, "parts": parts, "f0": f0}
 
 
-def test_the_deviation_from_onnxruntime_is_its_activation_quantization(speaker, phonemes):
+def test_a_numpy_restatement_of_the_graph_agrees(speaker, phonemes):
     ids = phonemes(DURATION_NEAR[0])
-    ref = f32_activation_reference(ids)
+    ref = restated_reference(ids)
     dur = durations(speaker, ids)
     np.testing.assert_array_equal(dur, ref["dur"])
     ours = acoustic(speaker, ids, dur)
-    assert rel_rms(ours["f0"], ref["f0"]) < 1e-5
-    assert rel_rms(ours["parts"], ref["parts"]) < 5e-3
+    assert rel_rms(ours["f0"], ref["f0"]) < 1e-2
+    assert rel_rms(ours["parts"], ref["parts"]) < 1e-2
     for k, name in enumerate(PARTS):
-        assert rel_rms(ours["parts"][:, k * BINS:(k + 1) * BINS], ref["parts"][:, k * BINS:(k + 1) * BINS]) < 2e-2, name
+        assert rel_rms(ours["parts"][:, k * BINS:(k + 1) * BINS], ref["parts"][:, k * BINS:(k + 1) * BINS]) < 3e-2, name
 
 
 def test_packed_sentences_give_the_same_bits_as_each_alone(speaker, phonemes):
