@@ -20,17 +20,23 @@ which couples the rows; one row's range is never wider than its tensor's, so the
 are never coarser than onnxruntime's.
 
 Why: onnxruntime runs these products as `MatMulInteger`, which VNNI computes at several times
-the f32 rate. Here: with AVX-512 VNNI, each step of k takes one 32-bit broadcast of four codes
-of a row and one `vpdpbusd` per panel (u8 codes times s8 weights, four products summed into
-each i32 lane), a tile of ROWS rows by PANELS panels (6 x 4: 24 zmm accumulators) held in
-registers over all of k; the weights' panels are read in place. Elsewhere the same tile is
-plain LLVM vector IR (products widened to i32, four summed per lane), which LLVM lowers with
-what the target has.
+the f32 rate. With AVX-512 VNNI, each step of k takes one 32-bit broadcast of four codes of a
+row and one `vpdpbusd` per panel (u8 codes times s8 weights, four products summed into each
+i32 lane), a tile of 6 rows by 4 panels (24 zmm accumulators) held in registers over all of k;
+the weights' panels are read in place: 2.2-3.8x the f32 matmul motif on the speaker's products
+(200 x 256 . 768 ... 40 x 192 . 384), 2 cores. Without VNNI the codes and weights are widened
+to 16 bits and multiplied in pairs (`vpmaddwd`; `vpmaddubsw` would saturate), into
+accumulators of pair sums summed to columns after the last k: about the f32 motif's speed on
+AVX2 (0.94-1.17x) and AVX-512 without VNNI (0.86-1.10x), measured as those classes' code on
+the VNNI machine. Without AVX2, plain vector IR (products widened to i32).
 
-How it runs: a parallel pass quantizes every row into the workspace (codes [M, 4 KQ], then
-zp and s * scale per row) and sums each weight row's codes (sum_k w[n, k], for the zero point:
-sum_k (q - zp) w = sum_k q w - zp sum_k w, exact); then tasks over (group of PANELS panels,
-block of ROWS rows), group outer, so a task's panels stay in cache while the row blocks pass.
+How it runs: a pass quantizes every row into the workspace (codes [M, 4 KQ], then zp and
+s * scale per row; in parallel from PARALLEL_QUANTIZE elements of a, below that waking the
+other threads costs more than the work) and sums each weight row's codes (sum_k w[n, k], for
+the zero point: sum_k (q - zp) w = sum_k q w - zp sum_k w, exact); then parallel tasks over
+(group of PANELS panels, block of ROWS rows), group outer, so a task's panels stay in cache
+while the row blocks pass; each tile converts and stores its outputs itself (masked stores at
+the last columns).
 """
 
 from __future__ import annotations
@@ -51,11 +57,18 @@ PARALLEL_QUANTIZE = 1 << 15   # elements of a from which rows are quantized in p
 
 
 def tile_shape() -> tuple[int, int]:
-    """(rows of a, panels of b) per tile: 6 x 4 accumulators of 16 lanes with AVX-512 (24 of 32
-    zmm); elsewhere 2 x 2 (each accumulator two ymm: 8 of 16)."""
-    from loomc.lower.matmul import _target_has_avx512
+    """(rows of a, panels of b) per tile, whose accumulators must stay in vector registers.
+    AVX-512 VNNI: 6 x 4 of one zmm (24 of 32). Without VNNI the tile multiplies pairs
+    (`vpmaddwd` on the codes and weights widened to 16 bits) into accumulators of pair sums,
+    twice as wide: AVX-512 4 x 2 of two zmm (16 of 32), AVX2 2 x 1 of four ymm (8 of 16,
+    beside the weights' four)."""
+    from loomc.lower.matmul import target_has
 
-    return (6, 4) if _target_has_avx512() else (2, 2)
+    if target_has("avx512vnni") and target_has("avx512f"):
+        return 6, 4
+    if target_has("avx512bw"):
+        return 4, 2
+    return (2, 1) if target_has("avx2") else (2, 2)
 
 
 def panels_of(n: int, k: int) -> tuple[int, int]:
@@ -111,6 +124,18 @@ def FUNCTION(a, b, scale, c, ws):
 # stores at the ends of rows).
 _INTRINSICS = IR_HELPERS_SOURCE + VECTOR_LOOP_SOURCE + '''
 
+def _lm_tile_form():
+    # how the tile multiplies: "vnni" (vpdpbusd on zmm), "pairs" with the width in 16-bit
+    # lanes of one pmaddwd (32: AVX-512, 16: AVX2), or "plain" vector IR
+    if _lm_target_has("avx512vnni") and _lm_target_has("avx512f"):
+        return "vnni", 0
+    if _lm_target_has("avx512bw"):
+        return "pairs", 32
+    if _lm_target_has("avx2"):
+        return "pairs", 16
+    return "plain", 0
+
+
 def _lm_quad_dot(builder, acc, a4, w):
     # acc + (lane l: the sum over j < 4 of u8 byte 4 l + j of a4 times s8 byte 4 l + j of w),
     # exact: one vpdpbusd with AVX-512 VNNI, else plain vector IR (products widened to i32)
@@ -118,7 +143,7 @@ def _lm_quad_dot(builder, acc, a4, w):
 
     i8, i32 = llir.IntType(8), llir.IntType(32)
     v16i, v64b, v64i = llir.VectorType(i32, 16), llir.VectorType(i8, 64), llir.VectorType(i32, 64)
-    if _lm_target_has("avx512vnni"):
+    if _lm_tile_form()[0] == "vnni":
         dot = _lm_ir_function(builder, "llvm.x86.avx512.vpdpbusd.512", v16i, [v16i, v16i, v16i])
         return builder.call(dot, [acc, a4, w])
     products = builder.mul(builder.zext(builder.bitcast(a4, v64b), v64i), builder.sext(builder.bitcast(w, v64b), v64i))
@@ -262,21 +287,64 @@ def _lm_i8_tile_codegen(context, builder, sig, args):
     panel_at = [builder.select(builder.icmp_signed("<", llir.Constant(i64, v), panels),
                                builder.mul(ldp, llir.Constant(i64, v)), zero) for v in range(PANELS)]
     splat = llir.Constant(v16i, [0] * 16)
+    form, span = _lm_tile_form()
 
-    def body(k, accs):
-        w = [builder.load(builder.bitcast(builder.gep(bs, [builder.add(panel_at[v], builder.mul(k, llir.Constant(i64, 64)))]),
-                                          v16i.as_pointer()), align=1) for v in range(PANELS)]
-        out_accs = []
-        for i in range(ROWS):
-            at = builder.gep(qs, [builder.add(row_at[i], builder.mul(k, llir.Constant(i64, 4)))])
-            quad = builder.load(builder.bitcast(at, i32.as_pointer()), align=1)
-            a4 = builder.shuffle_vector(builder.insert_element(llir.Constant(v16i, None), quad, llir.Constant(i32, 0)),
-                                        llir.Constant(v16i, None), splat)
-            for v in range(PANELS):
-                out_accs.append(_lm_quad_dot(builder, accs[i * PANELS + v], a4, w[v]))
-        return out_accs
+    def quad_at(i, k):   # row i's four codes at step k, as one i32
+        at = builder.gep(qs, [builder.add(row_at[i], builder.mul(k, llir.Constant(i64, 4)))])
+        return builder.load(builder.bitcast(at, i32.as_pointer()), align=1)
 
-    accs = _lm_vector_loop(builder, steps, [llir.Constant(v16i, [0] * 16)] * (ROWS * PANELS), body)
+    def weights_at(v, k, offset, vtype):   # `vtype` from byte `offset` of panel v's step k
+        at = builder.gep(bs, [builder.add(panel_at[v], builder.add(builder.mul(k, llir.Constant(i64, 64)),
+                                                                     llir.Constant(i64, offset)))])
+        return builder.load(builder.bitcast(at, vtype.as_pointer()), align=1)
+
+    if form == "pairs":
+        # per accumulator 64 / span vectors of span / 2 pair sums: lane 2c + p of vector u is
+        # column u * span / 4 + c, codes 2p and 2p + 1 of its quad (summed to columns at the end)
+        i16 = llir.IntType(16)
+        chunks = 64 // span
+        vb, vs, vi = llir.VectorType(i8, span), llir.VectorType(i16, span), llir.VectorType(i32, span // 2)
+        madd = _lm_ir_function(builder, "llvm.x86.avx512.pmaddw.d.512" if span == 32 else "llvm.x86.avx2.pmadd.wd",
+                               vi, [vs, vs])
+        quads = llir.VectorType(i32, span // 4)
+
+        def body(k, accs):
+            w = [[builder.sext(weights_at(v, k, u * span, vb), vs) for u in range(chunks)] for v in range(PANELS)]
+            out_accs = []
+            for i in range(ROWS):
+                q = quad_at(i, k)
+                a = builder.shuffle_vector(builder.insert_element(llir.Constant(quads, None), q, llir.Constant(i32, 0)),
+                                           llir.Constant(quads, None), llir.Constant(quads, [0] * (span // 4)))
+                a = builder.zext(builder.bitcast(a, vb), vs)
+                for v in range(PANELS):
+                    base = (i * PANELS + v) * chunks
+                    out_accs += [builder.add(accs[base + u], builder.call(madd, [a, w[v][u]])) for u in range(chunks)]
+            return out_accs
+
+        pair_sums = _lm_vector_loop(builder, steps, [llir.Constant(vi, [0] * (span // 2))] * (ROWS * PANELS * chunks), body)
+        accs = []
+        for t in range(ROWS * PANELS):
+            parts = pair_sums[t * chunks:(t + 1) * chunks]
+            while len(parts) > 1:   # join into one <32 x i32>
+                n = parts[0].type.count
+                parts = [builder.shuffle_vector(parts[j], parts[j + 1], llir.Constant(llir.VectorType(i32, 2 * n), list(range(2 * n))))
+                         for j in range(0, len(parts), 2)]
+            whole = parts[0]
+            even = builder.shuffle_vector(whole, whole, llir.Constant(v16i, [2 * c for c in range(16)]))
+            odd = builder.shuffle_vector(whole, whole, llir.Constant(v16i, [2 * c + 1 for c in range(16)]))
+            accs.append(builder.add(even, odd))
+    else:
+        def body(k, accs):
+            w = [weights_at(v, k, 0, v16i) for v in range(PANELS)]
+            out_accs = []
+            for i in range(ROWS):
+                a4 = builder.shuffle_vector(builder.insert_element(llir.Constant(v16i, None), quad_at(i, k), llir.Constant(i32, 0)),
+                                            llir.Constant(v16i, None), splat)
+                for v in range(PANELS):
+                    out_accs.append(_lm_quad_dot(builder, accs[i * PANELS + v], a4, w[v]))
+            return out_accs
+
+        accs = _lm_vector_loop(builder, steps, [llir.Constant(v16i, [0] * 16)] * (ROWS * PANELS), body)
     store_masked = _lm_ir_function(builder, "llvm.masked.store.v16f32.p0", llir.VoidType(),
                                    [v16f, v16f.as_pointer(), i32, llir.VectorType(llir.IntType(1), 16)])
     sums_p = _lm_pointer(context, builder, sig.args[12], sums, llir.Constant(i64, 0), i32)

@@ -70,9 +70,10 @@ from loomc import LOOMC_VERSION
 
 
 
-def _target_has_avx512() -> bool:
-    """Whether numba generates AVX-512 code here: its configured target features
-    (`NUMBA_CPU_FEATURES`, set when a machine class is emulated) else the host's."""
+def target_has(feature: str) -> bool:
+    """Whether numba generates code with the LLVM target `feature` here ("avx512f",
+    "avx512vnni", ...): its configured target features (`NUMBA_CPU_FEATURES`, set when a
+    machine class is emulated) else the host's."""
     from numba.core import config
 
     features = config.CPU_FEATURES
@@ -80,7 +81,11 @@ def _target_has_avx512() -> bool:
         import llvmlite.binding as llvm
 
         features = llvm.get_host_cpu_features().flatten()
-    return "+avx512f" in features
+    return "+" + feature in features.split(",")
+
+
+def _target_has_avx512() -> bool:
+    return target_has("avx512f")
 
 
 def tile_shape() -> tuple[int, int]:
