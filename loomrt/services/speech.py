@@ -4,10 +4,11 @@ each block's PCM handed to its reader as soon as it is computed.
 A `kind: "speech"` deployment (spec "Speech synthesis"; the source contract in
 `docs/source-contracts.md`) declares a config `sample_rate` and two stages:
 
-    durations(ids: i32[L], rows: i32[L], speed: f32[R]) -> (dur: i32[L], frames: i32[R])
+    durations(ids: i32[L], rows: i32[L], speed: f32[R]) -> (dur: i32[L], ..., frames: i32[R])
         the length of every block packed in the call: `frames[r]` output frames for row r, and
-        per-id values `dur` the host hands back to `synthesize` untouched
-    synthesize(ids: i32[L], rows: i32[L], dur: i32[L], frame_rows: i32[F], seed: u64[R],
+        per-id values (every other output, the ids on its first axis: `dur`, and whatever else
+        the source computes once per id) the host hands back to `synthesize` untouched
+    synthesize(ids: i32[L], rows: i32[L], dur: i32[L], ..., frame_rows: i32[F], seed: u64[R],
                counter: u64[R]) -> (pcm: i16[F, H])
         the blocks' waveforms: H PCM16 samples per output frame, frame f belonging to row
         frame_rows[f]; `seed` is the request's, `counter` the block's index in its request
@@ -61,12 +62,12 @@ class PreparedSpeech:
 
 @dataclass
 class Block:
-    """One block of a request: its ids, then its length, then its samples."""
+    """One block of a request: its ids, then its length (and per-id values), then its samples."""
 
     job: "Utterance"
     index: int
     ids: np.ndarray
-    dur: np.ndarray | None = None
+    carried: dict[str, np.ndarray] | None = None   # `durations`' per-id outputs, for `synthesize`
     frames: int = 0
 
 
@@ -132,11 +133,11 @@ class SpeechService(StageService):
         """Lengths first, then samples: a generator, so the `synthesize` call is planned after the
         `durations` call of the same pass was applied, and a new request's first block is spoken
         in the pass that measured it."""
-        unknown = [b for job in jobs if job.outbox.has_credit() for b in job.blocks[job.next_block:] if b.dur is None]
+        unknown = [b for job in jobs if job.outbox.has_credit() for b in job.blocks[job.next_block:] if b.carried is None]
         if unknown:
             yield self._durations_plan(_within(unknown, lambda b: len(b.ids), STEP_IDS))
         speaking = [job for job in jobs if not job.future.done() and job.cancelled is None
-                    and job.current is not None and job.current.dur is not None and job.outbox.has_credit()]
+                    and job.current is not None and job.current.carried is not None and job.outbox.has_credit()]
         if speaking:
             blocks = _within([job.current for job in speaking], lambda b: b.frames, STEP_FRAMES)
             yield self._synthesize_plan(blocks + _following(speaking, blocks))
@@ -150,7 +151,7 @@ class SpeechService(StageService):
     def _synthesize_plan(self, blocks: list[Block]) -> StepPlan:
         inputs = {"ids": np.concatenate([b.ids for b in blocks]),
                   "rows": np.concatenate([np.full(len(b.ids), r, np.int32) for r, b in enumerate(blocks)]),
-                  "dur": np.concatenate([b.dur for b in blocks]),
+                  **{name: np.concatenate([b.carried[name] for b in blocks]) for name in blocks[0].carried},
                   "frame_rows": np.concatenate([np.full(b.frames, r, np.int32) for r, b in enumerate(blocks)]),
                   "seed": np.array([b.job.prepared.seed for b in blocks], np.uint64),
                   "counter": np.array([b.index for b in blocks], np.uint64)}
@@ -158,9 +159,15 @@ class SpeechService(StageService):
 
     def apply(self, plan: StepPlan, outputs: dict[str, np.ndarray]) -> None:
         if plan.stage == DURATIONS_STAGE:
+            per_id = {name: value for name, value in outputs.items() if name != "frames"}
+            total = sum(len(b.ids) for b in plan.rows)
+            wrong = [name for name, value in per_id.items() if value.ndim == 0 or value.shape[0] != total]
+            if wrong:
+                raise LoomError(f"model '{self.model}': stage '{DURATIONS_STAGE}' output '{wrong[0]}' does not "
+                                f"have the call's {total} ids on its first axis (every output but frames is per id)")
             start, broken = 0, {}
             for r, b in enumerate(plan.rows):
-                b.dur = np.ascontiguousarray(outputs["dur"][start:start + len(b.ids)])
+                b.carried = {name: np.ascontiguousarray(value[start:start + len(b.ids)]) for name, value in per_id.items()}
                 b.frames = int(outputs["frames"][r])
                 start += len(b.ids)
                 if not 1 <= b.frames <= MAX_BLOCK_FRAMES:
@@ -205,7 +212,7 @@ def _following(speaking: list[Utterance], taken: list[Block]) -> list[Block]:
             continue
         room = job.outbox.room() - 1   # (the current block's event)
         for b in job.blocks[job.next_block + 1:job.next_block + 1 + max(room, 0)]:
-            if b.dur is None:   # not measured yet: this request's later blocks wait
+            if b.carried is None:   # not measured yet: this request's later blocks wait
                 break
             if used + b.frames > FOLLOWING_FRAMES:
                 return out

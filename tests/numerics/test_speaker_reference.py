@@ -126,10 +126,14 @@ def durations(speaker, ids: np.ndarray, rows: np.ndarray | None = None, speed=(1
 
 
 def acoustic(speaker, ids, dur, rows=None, frame_rows=None) -> dict:
+    """The acoustic command on `dur` (ours or onnxruntime's), with text encoder pn's features
+    from our `durations` on the same packing (they do not depend on the speed)."""
     programs, params = speaker
     rows = np.zeros(len(ids), np.int32) if rows is None else rows
     frame_rows = np.zeros(2 * int(dur.sum()), np.int32) if frame_rows is None else frame_rows
-    return programs["acoustic"].run(params, {}, {"ids": ids, "rows": rows, "dur": dur.astype(np.int32),
+    speed = np.ones(int(rows.max()) + 1, np.float32)
+    hp = programs["durations"].run(params, {}, {"ids": ids, "rows": rows, "speed": speed})["hp"]
+    return programs["acoustic"].run(params, {}, {"ids": ids, "rows": rows, "dur": dur.astype(np.int32), "hp": hp,
                                                  "frame_rows": frame_rows})
 
 

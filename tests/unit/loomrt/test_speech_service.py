@@ -40,9 +40,10 @@ def samples_of(ids, seed: int, counter: int) -> np.ndarray:
 
 
 class FakeDurations:
-    def __init__(self, broken: int | None = None):
+    def __init__(self, broken: int | None = None, misshapen: bool = False):
         self.calls: list[dict[str, np.ndarray]] = []
         self.broken = broken          # a first id whose block gets 0 frames
+        self.misshapen = misshapen    # a per-id output with one value per call instead
 
     def run(self, params, state, inputs):
         self.calls.append({k: v.copy() for k, v in inputs.items()})
@@ -52,7 +53,11 @@ class FakeDurations:
         for r in range(len(speed)):
             own = ids[rows == r]
             frames[r] = 0 if own[0] == self.broken else 2 * sum(durations_of(own))
-        return {"dur": np.array(durations_of(ids), np.int32), "frames": frames}
+        out = {"dur": np.array(durations_of(ids), np.int32), "frames": frames,
+               "features": np.stack([ids * 0.5, ids * 2.0], 1).astype(np.float32)}
+        if self.misshapen:
+            out["features"] = out["features"][:1]
+        return out
 
     def scratch_bytes(self) -> int:
         return 0
@@ -70,6 +75,8 @@ class FakeSynthesize:
         assert self.proceed.acquire(timeout=TIMEOUT), "the test never let the call finish"
         ids, rows, dur, frame_rows = inputs["ids"], inputs["rows"], inputs["dur"], inputs["frame_rows"]
         assert (dur == durations_of(ids)).all(), "durations must come back untouched"
+        np.testing.assert_array_equal(inputs["features"], np.stack([ids * 0.5, ids * 2.0], 1).astype(np.float32),
+                                      err_msg="every per-id output of durations comes back with its block")
         pcm = np.zeros((len(frame_rows), HOP), np.int16)
         for r in range(len(inputs["seed"])):
             own = ids[rows == r]
@@ -86,8 +93,8 @@ class FakeSynthesize:
 def service():
     made = []
 
-    def make(broken: int | None = None):
-        durations, synthesize = FakeDurations(broken), FakeSynthesize()
+    def make(broken: int | None = None, misshapen: bool = False):
+        durations, synthesize = FakeDurations(broken, misshapen), FakeSynthesize()
         executables = SimpleNamespace(programs={"durations": durations, "synthesize": synthesize})
         component = SimpleNamespace(device=SimpleNamespace(key="cpu"), owner="t/primary")
         journal: list[tuple[int, str, dict]] = []
@@ -241,3 +248,12 @@ def test_a_broken_length_fails_only_its_request(service):
         f_bad.result(timeout=TIMEOUT)
     kind, error = bad.outbox.get(timeout=TIMEOUT)
     assert kind == "error" and "0 frames" in error.message
+
+
+def test_a_durations_output_not_per_id_fails_the_calls_requests_with_the_reason(service):
+    svc, _, synthesize, _ = service(misshapen=True)
+    job = utterance([[0, 2, 0], [0, 3, 4, 0]])
+    future = svc.submit(job)
+    with pytest.raises(LoomError, match="output 'features' does not have the call's 7 ids on its first axis"):
+        future.result(timeout=TIMEOUT)
+    assert synthesize.calls == []
