@@ -12,7 +12,8 @@ quantized as ONNX's DynamicQuantizeLinear quantizes a whole tensor, but on its o
     zp = clamp(rint(-lo / s), 0, 255),  q[k] = clamp(rint(a[m, k] / s) + zp, 0, 255)
     c[m, n] = f32(sum_k (q[k] - zp) * w[n, k]) * (s * scale)
 
-all in f32, rint ties to even (s = 0, a row of zeros: c's row is 0). The sum is exact integer
+all in f32, rint ties to even (s = 0, a row of zeros: c's row is 0; the range ignores a NaN,
+whose code is 0, as DynamicQuantizeLinear defines nothing for one). The sum is exact integer
 arithmetic, and its conversion and the one product are single roundings, so a row's output
 depends on that row alone (batch invariance), on no thread split and no SIMD class: only the
 instructions differ. onnxruntime quantizes over the whole tensor (every frame of a sentence),

@@ -39,13 +39,13 @@ def contract(a: np.ndarray, w: np.ndarray, scale: np.float32) -> np.ndarray:
     f32 = np.float32
     out = np.zeros((a.shape[0], w.shape[0]), f32)
     for m, row in enumerate(a):
-        lo = min(f32(0), row.min()) if row.size else f32(0)
-        hi = max(f32(0), row.max()) if row.size else f32(0)
+        lo = min(f32(0), np.nanmin(row)) if row.size else f32(0)   # a NaN is left out of the range
+        hi = max(f32(0), np.nanmax(row)) if row.size else f32(0)
         s = f32((hi - lo) / f32(255))
         if s == 0:
             continue
         zp = f32(np.clip(np.rint(-lo / s), 0, 255))
-        codes = np.clip(np.rint(row / s) + zp, 0, 255).astype(np.int64)
+        codes = np.nan_to_num(np.clip(np.rint(row / s) + zp, 0, 255), nan=0.0).astype(np.int64)   # NaN: code 0
         out[m] = ((codes - int(zp)) @ w.astype(np.int64).T).astype(f32) * f32(s * scale)
     return out
 
@@ -79,6 +79,15 @@ def test_bits_equal_the_contract(rng, m, k, n):
     a = activations(rng, m, k)
     w = rng.integers(-128, 128, (n, k), dtype=np.int8)
     np.testing.assert_array_equal(run_motif(a, w, 0.0123), contract(a, w, np.float32(0.0123)))
+
+
+def test_a_nan_is_left_out_of_the_range_and_reads_as_code_zero(rng):
+    a = activations(rng, 3, 40)
+    a[0, 7] = np.nan
+    w = rng.integers(-128, 128, (20, 40), dtype=np.int8)
+    c = run_motif(a, w, 0.5)
+    assert np.isfinite(c).all()
+    np.testing.assert_array_equal(c, contract(a, w, np.float32(0.5)))
 
 
 def test_extreme_weights_and_codes_stay_exact(rng):
