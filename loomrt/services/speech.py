@@ -17,7 +17,7 @@ The control program's `speech_request(options, tok)` turns a request's input, vo
 seed and instructions into blocks of ids (`tok` is the deployment's tokenizer: for hibari,
 its phonemizer) or rejects them. A request (`Utterance`) then moves its blocks through the
 two stages in order; each pass packs, across requests, the blocks whose length is not known
-yet into one `durations` call and the next block of every request that has room in its
+yet (of a request not yet heard, its first block alone) into one `durations` call and the next block of every request that has room in its
 output into one `synthesize` call, so requests that arrive while others are being spoken
 join the next call. A request already heard also sends its following blocks along, as many
 as its reader has room for, while the call is short (`_following`). A block's rows never mix
@@ -133,7 +133,7 @@ class SpeechService(StageService):
         """Lengths first, then samples: a generator, so the `synthesize` call is planned after the
         `durations` call of the same pass was applied, and a new request's first block is spoken
         in the pass that measured it."""
-        unknown = [b for job in jobs if job.outbox.has_credit() for b in job.blocks[job.next_block:] if b.carried is None]
+        unknown = [b for job in jobs if job.outbox.has_credit() for b in _to_measure(job)]
         if unknown:
             yield self._durations_plan(_within(unknown, lambda b: len(b.ids), STEP_IDS))
         speaking = [job for job in jobs if not job.future.done() and job.cancelled is None
@@ -219,6 +219,15 @@ def _following(speaking: list[Utterance], taken: list[Block]) -> list[Block]:
             out.append(b)
             used += b.frames
     return out
+
+
+def _to_measure(job: Utterance) -> list[Block]:
+    """The blocks of `job` this pass's `durations` call measures: all it has not measured yet,
+    except that a request none of whose blocks is spoken yet gets its first block alone, so its
+    first audio waits for one sentence's lengths, not the whole text's (the rest are measured
+    in the next pass)."""
+    pending = [b for b in job.blocks[job.next_block:] if b.carried is None]
+    return pending[:1] if job.next_block == 0 and pending and pending[0].index == 0 else pending
 
 
 def _within(blocks: list[Block], size: Any, budget: int) -> list[Block]:

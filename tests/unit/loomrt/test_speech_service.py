@@ -141,7 +141,9 @@ def test_blocks_stream_in_order_and_each_is_its_own(service):
     # the first block alone (first audio), then the rest in one call, still one event per block in order
     assert [c["counter"].tolist() for c in synthesize.calls] == [[0], [1, 2]]
     assert [(e, f["block"]) for _, e, f in journal] == [("speech_block", 0), ("speech_block", 1), ("speech_block", 2)]
-    assert len(durations.calls) == 1 and durations.calls[0]["speed"].tolist() == [1.0, 1.0, 1.0]
+    # the first block measured alone (its first audio waits for no other sentence), the rest together after it
+    assert [c["ids"].tolist() for c in durations.calls] == [[0, 5, 7, 0], [0, 4, 0, 0, 1, 2, 3, 0]]
+    assert [c["speed"].tolist() for c in durations.calls] == [[1.0], [1.0, 1.0]]
 
 
 def test_a_request_arriving_mid_speech_joins_the_next_call(service):
@@ -254,6 +256,6 @@ def test_a_durations_output_not_per_id_fails_the_calls_requests_with_the_reason(
     svc, _, synthesize, _ = service(misshapen=True)
     job = utterance([[0, 2, 0], [0, 3, 4, 0]])
     future = svc.submit(job)
-    with pytest.raises(LoomError, match="output 'features' does not have the call's 7 ids on its first axis"):
+    with pytest.raises(LoomError, match="output 'features' does not have the call's 3 ids on its first axis"):
         future.result(timeout=TIMEOUT)
     assert synthesize.calls == []
