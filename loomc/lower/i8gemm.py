@@ -28,7 +28,7 @@ the weights' panels are read in place: 2.2-3.8x the f32 matmul motif on the spea
 (200 x 256 . 768 ... 40 x 192 . 384), 2 cores. Without VNNI the codes and weights are widened
 to 16 bits and multiplied in pairs (`vpmaddwd`; `vpmaddubsw` would saturate), into
 accumulators of pair sums summed to columns after the last k: about the f32 motif's speed on
-AVX2 (1.00-1.18x) and AVX-512 without VNNI (0.86-1.10x), measured as those classes' code on
+AVX2 (1.00-1.18x) and AVX-512 without VNNI (0.92-1.11x), measured as those classes' code on
 the VNNI machine. Without AVX2, plain vector IR (products widened to i32).
 
 How it runs: a pass quantizes every row into the workspace (codes [M, 4 KQ], then zp and
@@ -61,14 +61,15 @@ def tile_shape() -> tuple[int, int]:
     """(rows of a, panels of b) per tile, whose accumulators must stay in vector registers.
     AVX-512 VNNI: 6 x 4 of one zmm (24 of 32). Without VNNI the tile multiplies pairs
     (`vpmaddwd` on the codes and weights widened to 16 bits) into accumulators of pair sums,
-    twice as wide: AVX-512 4 x 2 of two zmm (16 of 32), AVX2 3 x 1 of four ymm (12 of 16,
-    beside the weights' four; 2 x 1 measured 0.91-1.15x the f32 motif, 3 x 1 1.00-1.18x)."""
+    twice as wide: AVX-512 6 x 2 of two zmm (24 of 32; 4 x 2 measured 0.86-1.14x the f32
+    motif, 6 x 2 0.92-1.11x), AVX2 3 x 1 of four ymm (12 of 16, beside the weights' four;
+    2 x 1 measured 0.91-1.15x, 3 x 1 1.00-1.18x)."""
     from loomc.lower.matmul import target_has
 
     if target_has("avx512vnni") and target_has("avx512f"):
         return 6, 4
     if target_has("avx512bw"):
-        return 4, 2
+        return 6, 2
     return (3, 1) if target_has("avx2") else (2, 2)
 
 
