@@ -17,9 +17,9 @@ The control program's `speech_request(options, tok)` turns a request's input, vo
 seed and instructions into blocks of ids (`tok` is the deployment's tokenizer: for hibari,
 its phonemizer) or rejects them. A request (`Utterance`) then moves its blocks through the
 two stages in order; each pass packs, across requests, the blocks whose length is not known
-yet (of a request not yet heard, its first block alone) into one `durations` call and the next block of every request that has room in its
-output into one `synthesize` call, so requests that arrive while others are being spoken
-join the next call. A request already heard also sends its following blocks along, as many
+yet (of a request not yet heard, its first block alone: `_to_measure`) into one `durations`
+call and the next block of every request that has room in its output into one `synthesize`
+call, so requests that arrive while others are being spoken join the next call. A request already heard also sends its following blocks along, as many
 as its reader has room for, while the call is short (`_following`). A block's rows never mix
 with another's: the stages compute each row from its own ids, seed and counter, so a block's
 samples do not depend on what shared the call. A request whose reader has left `credit` blocks untaken sits out `synthesize` until
