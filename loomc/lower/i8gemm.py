@@ -159,8 +159,7 @@ def _lm_lane_mask(builder, valid):
     # <16 x i1>: lane l < valid (an i64)
     from llvmlite import ir as llir
 
-    i32, i64 = llir.IntType(32), llir.IntType(64)
-    lanes = llir.Constant(llir.VectorType(i64, 16), list(range(16)))
+    lanes = llir.Constant(llir.VectorType(llir.IntType(64), 16), list(range(16)))
     return builder.icmp_signed("<", lanes, _lm_splat(builder, valid, 16))
 
 
