@@ -115,3 +115,26 @@ def fma_chain(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                 acc = f32_nearest(rows[m][k] * cols[n][k] + Fraction(float(acc)))
             out[m, n] = acc
     return out
+
+
+def matmul_i8_reference(a: np.ndarray, w: np.ndarray, scale) -> np.ndarray:
+    """The `matmul_i8` motif's contract in numpy (loomc/lower/i8gemm.py): each row of `a` (f32)
+    quantized to uint8 as DynamicQuantizeLinear quantizes a tensor (a NaN left out of the
+    range, code 0), exact int64 dots with the int8 `w[N, K]`, one conversion and one product."""
+    f32 = np.float32
+    a = np.asarray(a, f32)
+    if a.shape[1] == 0:
+        return np.zeros((a.shape[0], w.shape[0]), f32)
+    lo = np.minimum(np.nanmin(a, 1), f32(0))
+    hi = np.maximum(np.nanmax(a, 1), f32(0))
+    s = (hi - lo) / f32(255)
+    empty = s == 0
+    step = np.where(empty, f32(1), s)
+    zp = np.where(empty, f32(0), np.clip(np.rint(-lo / step), 0, 255))
+    with np.errstate(invalid="ignore"):
+        codes = np.nan_to_num(np.clip(np.rint(a / step[:, None]) + zp[:, None], 0, 255), nan=0.0).astype(np.int64)
+    dots = (codes - zp.astype(np.int64)[:, None]) @ np.asarray(w, np.int64).T
+    out = dots.astype(f32) * (s * f32(scale))[:, None]
+    out[empty] = 0
+    return out
+

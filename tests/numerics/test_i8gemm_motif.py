@@ -4,7 +4,8 @@ batch invariance, the packing kernel, every SIMD class.
 The contract: each row of a is quantized as ONNX's DynamicQuantizeLinear quantizes a tensor
 (lo = min(0, min), hi = max(0, max), s = (hi - lo) / 255, zp = clamp(rint(-lo / s)),
 q = clamp(rint(a / s) + zp), all f32), then c = f32(sum (q - zp) w) * (s * scale) with an
-exact integer sum. The reference below is that in numpy, with int64 dots.
+exact integer sum. The reference is that in numpy, with int64 dots (numerics_testlib's
+`matmul_i8_reference`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from loomc.check import load_files
 from loomc.lower import i8gemm
 from loomc.run.compile import compile_command
-from numerics_testlib import AVX2, BASELINE, assert_same_bits_in_classes, host_has
+from numerics_testlib import AVX2, BASELINE, assert_same_bits_in_classes, host_has, matmul_i8_reference
 
 FIXTURE = Path(__file__).parent / "fixtures" / "i8gemm.loom"
 # AVX-512 of 2017: no VNNI, so the tile is plain vector IR on zmm
@@ -33,21 +34,6 @@ def pack(w: np.ndarray) -> np.ndarray:
     padded = np.zeros((nb * 16, kq * 4), np.int8)
     padded[:n, :k] = w
     return padded.reshape(nb, 16, kq, 4).transpose(0, 2, 1, 3).reshape(nb, kq, 64).copy()
-
-
-def contract(a: np.ndarray, w: np.ndarray, scale: np.float32) -> np.ndarray:
-    f32 = np.float32
-    out = np.zeros((a.shape[0], w.shape[0]), f32)
-    for m, row in enumerate(a):
-        lo = min(f32(0), np.nanmin(row)) if row.size else f32(0)   # a NaN is left out of the range
-        hi = max(f32(0), np.nanmax(row)) if row.size else f32(0)
-        s = f32((hi - lo) / f32(255))
-        if s == 0:
-            continue
-        zp = f32(np.clip(np.rint(-lo / s), 0, 255))
-        codes = np.nan_to_num(np.clip(np.rint(row / s) + zp, 0, 255), nan=0.0).astype(np.int64)   # NaN: code 0
-        out[m] = ((codes - int(zp)) @ w.astype(np.int64).T).astype(f32) * f32(s * scale)
-    return out
 
 
 def run_motif(a: np.ndarray, w: np.ndarray, scale: float) -> np.ndarray:
@@ -75,10 +61,10 @@ def activations(rng, m: int, k: int) -> np.ndarray:
 
 @pytest.mark.parametrize("m, k, n", [(1, 4, 16), (5, 13, 17), (7, 256, 64), (13, 910, 70), (30, 192, 384),
                                      (4, 0, 20), (0, 8, 16), (6, 3, 1), (61, 64, 200)])
-def test_bits_equal_the_contract(rng, m, k, n):
+def test_bits_equal_the_matmul_i8_reference(rng, m, k, n):
     a = activations(rng, m, k)
     w = rng.integers(-128, 128, (n, k), dtype=np.int8)
-    np.testing.assert_array_equal(run_motif(a, w, 0.0123), contract(a, w, np.float32(0.0123)))
+    np.testing.assert_array_equal(run_motif(a, w, 0.0123), matmul_i8_reference(a, w, np.float32(0.0123)))
 
 
 def test_a_nan_is_left_out_of_the_range_and_reads_as_code_zero(rng):
@@ -87,7 +73,7 @@ def test_a_nan_is_left_out_of_the_range_and_reads_as_code_zero(rng):
     w = rng.integers(-128, 128, (20, 40), dtype=np.int8)
     c = run_motif(a, w, 0.5)
     assert np.isfinite(c).all()
-    np.testing.assert_array_equal(c, contract(a, w, np.float32(0.5)))
+    np.testing.assert_array_equal(c, matmul_i8_reference(a, w, np.float32(0.5)))
 
 
 def test_extreme_weights_and_codes_stay_exact(rng):
@@ -95,7 +81,7 @@ def test_extreme_weights_and_codes_stay_exact(rng):
     a = np.tile(np.array([[-1.0, 1.0e-3]], np.float32), (3, 500))
     a[:, 1::2] = 1.0
     w = np.full((33, 1000), -128, np.int8)
-    np.testing.assert_array_equal(run_motif(a, w, 1.0), contract(a, w, np.float32(1.0)))
+    np.testing.assert_array_equal(run_motif(a, w, 1.0), matmul_i8_reference(a, w, np.float32(1.0)))
 
 
 def test_a_row_gives_the_same_bits_alone_or_batched(rng):
@@ -113,7 +99,7 @@ def test_a_command_packs_the_weights_and_dispatches_the_motif(rng):
     w = rng.integers(-128, 128, (48, 36), dtype=np.int8)
     x = activations(rng, 9, 36)
     out = program.run({}, {}, {"x": x, "q": np.ascontiguousarray(w.T), "scale": np.array([0.25], np.float32)})
-    np.testing.assert_array_equal(out["y"], contract(x, w, np.float32(0.25)))
+    np.testing.assert_array_equal(out["y"], matmul_i8_reference(x, w, np.float32(0.25)))
 
 
 def test_launch_arguments_refuse_what_the_driver_cannot_read(rng):
@@ -143,7 +129,7 @@ def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
     classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512] if host_has("avx512bw") else [])
     data = {"a": activations(rng, 14, 70), "w": rng.integers(-128, 128, (40, 70), dtype=np.int8)}
     here = compute_all(data)
-    np.testing.assert_array_equal(here["c"], contract(data["a"], data["w"], np.float32(0.03)))
+    np.testing.assert_array_equal(here["c"], matmul_i8_reference(data["a"], data["w"], np.float32(0.03)))
     assert_same_bits_in_classes(classes, "test_i8gemm_motif:compute_all", data, here, tmp_path)
 
 

@@ -60,6 +60,7 @@ from loomc.run.compile import compile_command  # noqa: E402
 from loomrt.checkpoints import open_checkpoint  # noqa: E402
 from loomrt.locator import resolve_locator  # noqa: E402
 from loomrt.prepare import prepare_params  # noqa: E402
+from numerics_testlib import matmul_i8_reference  # noqa: E402
 
 SPEAKER = Path(__file__).resolve().parents[2] / "samples" / "speaker" / "model.json"
 HIBARI = "package:hibari/assets/hibari.onnx"
@@ -182,13 +183,8 @@ def restated_reference(ids: np.ndarray) -> dict:
     W = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     f32 = np.float32
 
-    def lin(x, q, bias):   # the `matmul_i8` motif's contract: x quantized per row to uint8
-        lo, hi = np.minimum(x.min(1), f32(0)), np.maximum(x.max(1), f32(0))
-        s = (hi - lo) / f32(255)
-        zp = np.clip(np.rint(-lo / s), 0, 255)
-        codes = np.clip(np.rint(x / s[:, None]) + zp[:, None], 0, 255).astype(np.int64)
-        dots = (codes - zp.astype(np.int64)[:, None]) @ W[q + "_quantized"].astype(np.int64)
-        return dots.astype(f32) * (s * W[q + "_scale"])[:, None] + W[bias]
+    def lin(x, q, bias):   # the `matmul_i8` motif's contract (int8 weights stored [in, out])
+        return matmul_i8_reference(x, W[q + "_quantized"].T, W[q + "_scale"].reshape(-1)[0]) + W[bias]
 
     def gelu(x):
         e = torch.special.erf(torch.from_numpy(np.ascontiguousarray(x / f32(1.4142135381698608), f32))).numpy()
