@@ -33,11 +33,17 @@ How it runs: one pass quantizes every row of x into the workspace (codes, then s
 sums); then a task per 4 rows of w runs all T rows of x against them in tiles (`tile_shape`:
 4 x 4 with AVX-512's 32 vector registers, else 2 x 2): each weight block is read from memory
 once per call and unpacked once per tile, and each activation block's load serves a tile's
-rows of w. With one row of x (decode), and always without AVX-512, each block runs as two
-halves of 16 elements on ymm registers, whose accumulators are the contract's lanes 0..7 and
-8..15: on AVX-512 the 512-bit form spends most of its time on the one port that shuffles
-512-bit vectors (joining the unpacked nibbles, broadcasting the scale), and the halves were
-15-25 % faster per core.
+rows of w. With one row of x (decode) on Intel's AVX-512 cores, and always without AVX-512,
+each block runs as two halves of 16 elements on ymm registers, whose accumulators are the
+contract's lanes 0..7 and 8..15: there the 512-bit form spends most of its time on the one
+port that shuffles 512-bit vectors (joining the unpacked nibbles, broadcasting the scale),
+and the halves were 15-25 % faster per core. AMD Zen 5 shuffles 512-bit vectors on more than
+one pipe, and there the 512-bit form was 5-20 % faster at T = 1 (docs/performance.md).
+
+Every row of w asks for the cache line PREFETCH_BYTES ahead of the block it reads. Decode
+streams each weight once per step from memory (scout's 96 MB against a 32 MB last-level
+cache on the Zen 5 machine); there the hardware prefetchers alone kept a thread's stream at
+7-8 GB/s, and the hint made the q8_0 LM head 3-4x faster on cold weights.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ MOTIFS = {"matmul_q4_1_i16": "q4_1", "matmul_q8_0_i16": "q8_0"}
 BLOCK = QUANT_BLOCK_ELEMS                   # elements per GGUF block, and per activation scale
 BLOCK_BYTES = {dtype: QUANT_BLOCK_BYTES[dtype] for dtype in MOTIFS.values()}   # bytes per weight block
 ROWS = 4                                    # rows of w per task: one activation load serves them
+PREFETCH_BYTES = 16384                      # how far ahead of each row's block its cache line is asked for
 
 
 def tile_shape() -> tuple[int, int]:
@@ -123,6 +130,37 @@ def _lm_target_has(feature):
     if "-" + feature in features.split(",") or (config.CPU_NAME or "host").lower() != "host":
         return False
     return bool(ll.get_host_cpu_features().get(feature, False))
+
+
+def _lm_target_cpu():
+    # the LLVM name of the CPU numba generates code for ("znver5", "sapphirerapids", ...):
+    # NUMBA_CPU_NAME when a machine class is emulated, else the host's
+    import llvmlite.binding as ll
+    from numba.core import config
+
+    name = (config.CPU_NAME or "host").lower()
+    return ll.get_host_cpu_name().lower() if name == "host" else name
+
+
+def _lm_fast_wide_shuffles():
+    # whether 512-bit shuffles and broadcasts issue on more than one port: AMD Zen 5 and later
+    # (full-width 512-bit pipes), not Intel's AVX-512 cores (port 5 only) nor Zen 4 (256-bit
+    # halves)
+    import re
+
+    match = re.fullmatch(r"znver(\\d+)", _lm_target_cpu())
+    return match is not None and int(match.group(1)) >= 5
+
+
+def _lm_prefetch(builder, pointer, distance):
+    # a hint to fetch the cache line `distance` bytes past byte pointer `pointer` into every
+    # level (prefetcht0): never faults, changes no value
+    from llvmlite import ir as llir
+
+    i32 = llir.IntType(32)
+    fetch = _lm_ir_function(builder, "llvm.prefetch.p0", llir.VoidType(), [pointer.type, i32, i32, i32])
+    ahead = builder.gep(pointer, [llir.Constant(llir.IntType(64), distance)])
+    builder.call(fetch, [ahead, llir.Constant(i32, 0), llir.Constant(i32, 3), llir.Constant(i32, 1)])
 
 
 def _lm_ir_function(builder, name, result, params):
@@ -312,6 +350,7 @@ def _lm_dot_codegen(rows, tokens):
         def weight_block(r, b):
             # (byte pointer to block b of the tile's row r of w, its scale and q4_1 minimum as f32)
             at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
+            _lm_prefetch(builder, at, PREFETCH_BYTES)
             return at, _lm_halves(builder, at, 2 if Q4 else 1)
 
         def half_block(b, values):
@@ -383,7 +422,8 @@ def _lm_dot_codegen(rows, tokens):
             return new_accs + new_mins
 
         zero16, zeros = llir.Constant(v16f, [0.0] * 16), llir.Constant(vt, [0.0] * tokens)
-        split = _lm_target_has("avx2") and (tokens == 1 or not _lm_target_has("avx512bw"))
+        split = _lm_target_has("avx2") and (not _lm_target_has("avx512bw")
+                                            or (tokens == 1 and not _lm_fast_wide_shuffles()))
         if split:
             minimum = llir.Constant(f32, 0.0) if tokens == 1 else zeros
             values = _lm_vector_loop(builder, blocks, [llir.Constant(v8f, [0.0] * 8)] * (2 * pairs)
@@ -446,7 +486,7 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
               f"# motif {motif}: y = x . w^T, {dtype} w against x quantized to 16-bit codes per block of 32, "
               f"integer dot products (loomc/lower/qdot.py)\n")
     tile_rows, tile_tokens = tile_shape()
-    constants = f"ROWS = {ROWS}\nTILE_ROWS = {tile_rows}\nTOKENS = {tile_tokens}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\nQ4 = {dtype == 'q4_1'}\n"
+    constants = f"ROWS = {ROWS}\nPREFETCH_BYTES = {PREFETCH_BYTES}\nTILE_ROWS = {tile_rows}\nTOKENS = {tile_tokens}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\nQ4 = {dtype == 'q4_1'}\n"
     driver = _DRIVER.replace("FUNCTION", function_name(motif))
     return header + IMPORTS + "\n" + constants + VECTOR_LOOP_SOURCE + _INTRINSICS + "\n" + driver
 

@@ -16,6 +16,10 @@ MOTIFS = Path(__file__).resolve().parents[2] / "loomc" / "motifs"
 BASELINE = ("x86-64", "+64bit,+sse,+sse2,+cx8,+fxsr,+mmx,+cmov")
 AVX2 = ("haswell", "+64bit,+sse,+sse2,+sse3,+ssse3,+sse4.1,+sse4.2,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,"
                    "+lzcnt,+movbe,+cx16,+cmov")
+AVX512 = ("skylake-avx512", AVX2[1] + ",+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512cd")
+# AVX-512 code tuned for AMD Zen 5, whose 512-bit shuffles are fast: some motifs take other
+# instructions there (loomc/lower/qdot.py), always to the same bits
+ZEN5 = ("znver5", AVX512[1])
 
 
 _CLASS_CHILD = """

@@ -20,11 +20,10 @@ import pytest
 from loomc.check import load_files
 from loomc.lower import i8gemm
 from loomc.run.compile import compile_command
-from numerics_testlib import AVX2, BASELINE, assert_same_bits_in_classes, host_has, matmul_i8_reference
+from numerics_testlib import AVX2, AVX512, BASELINE, assert_same_bits_in_classes, host_has, matmul_i8_reference
 
 FIXTURE = Path(__file__).parent / "fixtures" / "i8gemm.loom"
 # AVX-512 of 2017: no VNNI, so the tile is plain vector IR on zmm
-AVX512 = ("skylake-avx512", AVX2[1] + ",+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512cd")
 
 
 def pack(w: np.ndarray) -> np.ndarray:

@@ -23,14 +23,14 @@ import pytest
 from loomc.check import load_files
 from loomc.lower import qdot
 from loomc.run.compile import compile_command
-from numerics_testlib import AVX2, BASELINE, assert_same_bits_in_classes, f32_nearest, host_has, quantized
+from numerics_testlib import AVX2, AVX512, BASELINE, ZEN5, assert_same_bits_in_classes, f32_nearest, host_has, quantized
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qdot.loom"
 MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16"}
 
 # The SIMD classes compiled in a subprocess: no AVX (plain vector IR), AVX2 (vpmaddwd on ymm),
-# and AVX-512 of 2017 (vpmaddwd on zmm, no VNNI or FP16).
-AVX512 = ("skylake-avx512", AVX2[1] + ",+avx512f,+avx512bw,+avx512dq,+avx512vl,+avx512cd")
+# AVX-512 of 2017 (vpmaddwd on zmm, no VNNI or FP16; one row of x on ymm halves), and the same
+# features tuned for Zen 5 (one row of x on zmm too).
 
 
 def run_motif(dtype: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
@@ -158,8 +158,8 @@ def compute_all(data: dict) -> dict:
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
                     reason="the SIMD classes compared here are x86-64's")
 def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
-    classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512] if host_has("avx512bw") else [])
-    data = {"x": (rng.standard_normal((6, 96)) * 2).astype(np.float32)}
+    classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512, ZEN5] if host_has("avx512bw") else [])
+    data = {"x": (rng.standard_normal((6, 96)) * 2).astype(np.float32)}   # 4 rows in tiles, 2 alone (T = 1's path)
     for dtype in ("q4_1", "q8_0"):
         data[dtype], _ = quantized(rng, dtype, 9, 96)
     assert_same_bits_in_classes(classes, "test_qdot_motif:compute_all", data, compute_all(data), tmp_path)
