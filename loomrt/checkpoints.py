@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import mmap
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +67,14 @@ class Checkpoint:
 
     def close(self) -> None:
         """Drop this object's references to the file; arrays already handed out stay valid."""
+
+    def release(self, kept: Iterable[np.ndarray]) -> int:
+        """Give back the memory of the file's pages that no array in `kept` views (bytes
+        given back). Preparation reads every tensor; those it copied (concatenated,
+        transformed) stay resident in the mapping as long as any view keeps it alive, and
+        would count in the process's memory beside their copies. The pages stay mapped:
+        reading one again refaults it from the file."""
+        return release_unviewed(getattr(self, "_raw", None), kept)
 
     def names(self) -> list[str]:
         return list(self._infos)
@@ -170,6 +180,10 @@ class CheckpointSet(Checkpoint):
         for part in self.parts:
             part.close()
 
+    def release(self, kept: Iterable[np.ndarray]) -> int:
+        kept = list(kept)
+        return sum(part.release(kept) for part in self.parts)
+
 
 class Prefixed(Checkpoint):
     """One checkpoint whose every tensor is named `prefix + name`: an image deployment's a-th
@@ -187,6 +201,30 @@ class Prefixed(Checkpoint):
 
     def close(self) -> None:
         self.part.close()
+
+    def release(self, kept: Iterable[np.ndarray]) -> int:
+        return self.part.release(kept)
+
+
+def release_unviewed(raw: np.memmap | None, kept: Iterable[np.ndarray]) -> int:
+    """`madvise(MADV_DONTNEED)` every whole page of the copy-on-write file mapping `raw` that
+    no array in `kept` overlaps; bytes advised. Only for pages nothing reads any more: one
+    that was written (copy-on-write) would come back with the file's bytes."""
+    advise = getattr(mmap, "MADV_DONTNEED", None)
+    handle = getattr(raw, "_mmap", None)
+    if raw is None or advise is None or handle is None or raw.offset != 0:
+        return 0
+    start, size, page = raw.ctypes.data, raw.nbytes, mmap.PAGESIZE
+    views = sorted((a.ctypes.data - start, a.ctypes.data - start + a.nbytes) for a in kept
+                   if isinstance(a, np.ndarray) and a.nbytes and start <= a.ctypes.data < start + size)
+    given, at = 0, 0
+    for low, high in views + [(size, size)]:
+        first, last = -(-at // page) * page, low // page * page   # whole pages strictly between views
+        if last > first:
+            handle.madvise(advise, first, last - first)
+            given += last - first
+        at = max(at, high)
+    return given
 
 
 def open_checkpoints(paths: list[str | Path] | tuple[str | Path, ...],

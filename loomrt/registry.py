@@ -343,7 +343,9 @@ class Registry:
         adapters = tuple((f"lora.{a}.", code_path(ref)) for a, ref in enumerate(doc.loras.values())
                          if component == "primary")
         with open_checkpoints([code_path(ref) for ref in checkpoint], adapters) as ckpt:
-            return prepare_params(plan, ckpt, self.cache_dir, prepared)
+            params = prepare_params(plan, ckpt, self.cache_dir, prepared)
+            ckpt.release(a for value in params.values() for a in (value if isinstance(value, list) else [value]))
+            return params
 
     def _prepare_service(self, reg: Registration) -> None:
         self._set_phase(reg, "preparing")

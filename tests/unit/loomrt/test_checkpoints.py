@@ -1,5 +1,8 @@
 """loomrt/checkpoints.py: safetensors and GGUF files opened, listed and read in runtime storage."""
 
+import mmap
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -291,3 +294,40 @@ def test_several_files_read_as_one_checkpoint(tmp_path, gguf_file):
     save_file({"projector.fc1.weight": np.zeros((1,), np.float32)}, str(twin))
     with pytest.raises(CheckpointError, match="'projector.fc1.weight' is in both projector.safetensors and twin"):
         open_checkpoints([extra, twin])
+
+
+def _mapped_rss(path) -> int:
+    """Resident bytes of this process's mappings of `path` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            inside = len(fields) > 5 and fields[-1] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads resident pages from /proc/self/smaps")
+def test_release_gives_back_pages_no_kept_array_views(tmp_path):
+    """Preparation copies some tensors (concatenations) and keeps others as views: after
+    `release`, only the views' pages stay resident; the views keep their values (even ones
+    written in place), and a released tensor reads the file's bytes again."""
+    rng = np.random.default_rng(5)
+    tensors = {name: rng.standard_normal((64, 1024)).astype(np.float32) for name in ("a", "b", "c")}   # 256 KiB each
+    path = write_gguf(tmp_path / "big.gguf", {name: (t, None) for name, t in tensors.items()})
+    with open_checkpoint(path) as ckpt:
+        kept = ckpt.get("b")
+        copies = [ckpt.get("a").copy(), ckpt.get("c").copy()]   # every page read
+        kept[0, 0] = 7.0                                         # a view written in place (copy-on-write)
+        assert np.isfinite(kept.sum())                           # and read whole: resident
+        before = _mapped_rss(path)
+        given = ckpt.release([kept])
+        after = _mapped_rss(path)
+        assert given >= 2 * tensors["a"].nbytes - 2 * 4096 * 2 and given % mmap.PAGESIZE == 0
+        assert after <= before - given + 4096 and after >= kept.nbytes - 2 * 4096
+        assert kept[0, 0] == 7.0
+        np.testing.assert_array_equal(kept[1:], tensors["b"][1:])
+        np.testing.assert_array_equal(ckpt.get("a"), tensors["a"])
+        np.testing.assert_array_equal(copies[1], tensors["c"])
+    assert open_checkpoint(path).release([]) >= 3 * tensors["a"].nbytes - 4096
