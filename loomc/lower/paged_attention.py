@@ -54,13 +54,19 @@ import numpy as np
 from loomc import LOOMC_VERSION
 from loomc.lower import matmul
 from loomc.lower.attention import SOFTMAX_VECTOR_SOURCE
+from loomc.lower.qdot import IR_HELPERS_SOURCE
 
-MOTIFS = {"attention_paged"}
+# The motifs this module serves: name -> the (keys, values) caches' dtypes. An f16 cache
+# reaches the driver as its uint16 bits; each task widens what it reads of it, exactly.
+MOTIFS = {"attention_paged": ("f32", "f32"), "attention_paged_f16v": ("f32", "f16")}
 LANES = 16   # (token, head) pairs per task: the tile's vector width
 assert matmul.PANEL_ROWS == LANES, "the scores' rows are the tile's vectors"
 FEW = 4      # at most this many lanes (a decode token's heads of one kv head), keys or features fill the vectors
 
 FEW_SOURCE = '''
+from numba.extending import overload
+
+
 def _lm_few_codegen(kind):
     # A decode token's few lanes (FEW at most) without the tile's 16: the same chains, keys or
     # features in the vector lanes instead of (token, head) lanes
@@ -153,25 +159,23 @@ def _lm_few_codegen(kind):
 
 def _lm_prefetch_codegen(context, builder, sig, args):
     # _lm_prefetch_rows(a, base, count, ld, width): a hint to fetch, into every cache level, the
-    # `width` floats of each of `count` rows of flat f32 array a from element base, ld apart
+    # `width` elements of each of `count` rows of flat array a from element base, ld apart
     # (one request per 64-byte line); never faults, changes no value
     from llvmlite import ir as llir
 
-    f32, i8, i32, i64 = llir.FloatType(), llir.IntType(8), llir.IntType(32), llir.IntType(64)
+    i64 = llir.IntType(64)
     a, base, count, ld, width = [context.cast(builder, v, t, types.int64) if isinstance(t, types.Integer) else v
                                  for v, t in zip(args, sig.args)]
-    data = builder.bitcast(context.make_array(sig.args[0])(context, builder, a).data, f32.as_pointer())
-    fetch = cgutils.get_or_insert_function(builder.module, llir.FunctionType(llir.VoidType(), [i8.as_pointer(), i32, i32, i32]),
-                                           "llvm.prefetch.p0")
-    lines = builder.sdiv(builder.add(width, llir.Constant(i64, 15)), llir.Constant(i64, 16))
+    data = context.make_array(sig.args[0])(context, builder, a).data
+    per_line = llir.Constant(i64, 64 // (sig.args[0].dtype.bitwidth // 8))
+    lines = builder.sdiv(builder.add(width, builder.sub(per_line, llir.Constant(i64, 1))), per_line)
 
     def row(j, unused):
         start = builder.add(base, builder.mul(j, ld))
 
         def line(c, unused):
-            at = builder.gep(data, [builder.add(start, builder.mul(c, llir.Constant(i64, 16)))])
-            builder.call(fetch, [builder.bitcast(at, i8.as_pointer()), llir.Constant(i32, 0), llir.Constant(i32, 3),
-                                 llir.Constant(i32, 1)])
+            at = builder.gep(data, [builder.add(start, builder.mul(c, per_line))])
+            _lm_prefetch(builder, builder.bitcast(at, llir.IntType(8).as_pointer()), 0)
             return unused
 
         _lm_vector_loop(builder, lines, [llir.Constant(i64, 0)], line)
@@ -184,6 +188,94 @@ def _lm_prefetch_codegen(context, builder, sig, args):
 @intrinsic
 def _lm_prefetch_rows(typingctx, a, base, count, ld, width):
     return types.none(a, base, count, ld, width), _lm_prefetch_codegen
+
+
+def _lm_widen_codegen(context, builder, sig, args):
+    # _lm_widen_rows(src, base, count, ld, width, dst, at): dst[at + j * width + e] = the f32 value
+    # of src[base + j * ld + e] (j < count, e < width): an f16 cache's bits (uint16) widened
+    # exactly (vcvtph2ps with F16C; else the integer path of numba_helpers' _lm_f16_from_bits,
+    # inf and nan included), an f32 cache copied
+    from llvmlite import ir as llir
+
+    f32, i16, i32, i64 = llir.FloatType(), llir.IntType(16), llir.IntType(32), llir.IntType(64)
+    src, base, count, ld, width, dst, at = [context.cast(builder, v, t, types.int64) if isinstance(t, types.Integer)
+                                            else v for v, t in zip(args, sig.args)]
+    source = context.make_array(sig.args[0])(context, builder, src).data
+    target = builder.bitcast(context.make_array(sig.args[5])(context, builder, dst).data, f32.as_pointer())
+    half = sig.args[0].dtype == types.uint16
+
+    def widen(bits, n):   # <n x i16> -> <n x f32>
+        vf, vi = llir.VectorType(f32, n), llir.VectorType(i32, n)
+        if _lm_target_has("f16c"):
+            return builder.fpext(builder.bitcast(bits, llir.VectorType(llir.HalfType(), n)), vf)
+
+        def c(x):
+            return llir.Constant(vi, [x] * n)
+        h = builder.zext(bits, vi)
+        mag = builder.fmul(builder.bitcast(builder.shl(builder.and_(h, c(0x7FFF)), c(13)), vf),
+                           llir.Constant(vf, [5.192296858534828e33] * n))
+        out = builder.bitcast(mag, vi)
+        special = builder.icmp_unsigned("==", builder.and_(h, c(0x7C00)), c(0x7C00))
+        out = builder.select(special, builder.or_(out, c(0x7F800000)), out)
+        return builder.bitcast(builder.or_(out, builder.shl(builder.and_(h, c(0x8000)), c(16))), vf)
+
+    def move(from_at, to_at, n):
+        kind = llir.VectorType(i16 if half else f32, n)
+        value = builder.load(builder.bitcast(builder.gep(source, [from_at]), kind.as_pointer()), align=2 if half else 4)
+        value = widen(value, n) if half else value
+        builder.store(value, builder.bitcast(builder.gep(target, [to_at]), value.type.as_pointer()), align=4)
+
+    chunks = builder.sdiv(width, llir.Constant(i64, 16))
+
+    def row(j, unused):
+        start = builder.add(base, builder.mul(j, ld))
+        out = builder.add(at, builder.mul(j, width))
+
+        def chunk(c, unused):
+            offset = builder.mul(c, llir.Constant(i64, 16))
+            move(builder.add(start, offset), builder.add(out, offset), 16)
+            return unused
+
+        def tail(e, unused):
+            move(builder.add(start, e), builder.add(out, e), 1)
+            return unused
+
+        _lm_vector_loop(builder, chunks, [llir.Constant(i64, 0)], chunk)
+        _lm_vector_loop(builder, builder.sub(width, builder.mul(chunks, llir.Constant(i64, 16))), [llir.Constant(i64, 0)],
+                        lambda e, u: tail(builder.add(e, builder.mul(chunks, llir.Constant(i64, 16))), u))
+        return unused
+
+    _lm_vector_loop(builder, count, [llir.Constant(i64, 0)], row)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _lm_widen_rows(typingctx, src, base, count, ld, width, dst, at):
+    return types.none(src, base, count, ld, width, dst, at), _lm_widen_codegen
+
+
+def _lm_as_f32(a):
+    pass
+
+
+@overload(_lm_as_f32)
+def _lm_as_f32_typed(a):
+    # an f32 cache itself; for f16 bits an empty f32 array (that branch reads the widened
+    # copies), so the f32 path is compiled for f32 arrays only
+    if a.dtype == types.uint16:
+        return lambda a: np.empty(0, np.float32)
+    return lambda a: a
+
+
+@intrinsic
+def _lm_is_half(typingctx, a):
+    # whether array a holds f16 bits (a constant where compiled: the branch not taken is dropped)
+    from llvmlite import ir as llir
+
+    def codegen(context, builder, sig, args):
+        return llir.Constant(llir.IntType(1), int(sig.args[0].dtype == types.uint16))
+
+    return types.boolean(a), codegen
 
 
 @intrinsic
@@ -232,36 +324,72 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
         top_pos = max(top_pos, lpos[i])
     nk = top_pos + 1
     pages = (nk + S - 1) // S
+    # where each page's keys of kv head g start in the flat caches (-1: no valid page); a
+    # decode step finds them evicted, so every cache line of them is asked for at once
+    bases = np.full(pages, -1, np.int64)
+    for pi in range(pages):
+        page = page_table[row, pi]
+        if page >= 0 and page < N:
+            bases[pi] = ((page * L + layer) * S) * KD + g * E
+            _lm_prefetch_rows(kf, bases[pi], min(S, nk - pi * S), KD, E)
+            _lm_prefetch_rows(vf, bases[pi], min(S, nk - pi * S), KD, E)
+    # an f16 cache: the task's part of it widened once, exactly, then read as f32 (the
+    # branches are constants where compiled)
+    if _lm_is_half(kf) and _lm_is_half(vf):
+        kw, kb, kl = _lm_widened(kf, bases, nk, S, KD, E)
+        vw, vb, vl = _lm_widened(vf, bases, nk, S, KD, E)
+        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, vw, kb, kl, vb, vl, E, scale, o)
+    elif _lm_is_half(kf):
+        kw, kb, kl = _lm_widened(kf, bases, nk, S, KD, E)
+        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, _lm_as_f32(vf), kb, kl, bases, KD, E, scale, o)
+    elif _lm_is_half(vf):
+        vw, vb, vl = _lm_widened(vf, bases, nk, S, KD, E)
+        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, _lm_as_f32(kf), vw, bases, KD, vb, vl, E, scale, o)
+    else:
+        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, _lm_as_f32(kf), _lm_as_f32(vf), bases, KD, bases, KD,
+                        E, scale, o)
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_widened(cache, bases, nk, S, KD, E):
+    # (the task's rows of an f16 cache as f32, where each page's start there, their stride)
+    pages = bases.size
+    wide = np.empty(pages * S * E, np.float32)
+    starts = np.full(pages, -1, np.int64)
+    for pi in range(pages):
+        if bases[pi] >= 0:
+            starts[pi] = pi * S * E
+            _lm_widen_rows(cache, bases[pi], min(S, nk - pi * S), KD, E, wide, starts[pi])
+    return wide, starts, E
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, vbases, vld, E, scale, o):
+    # the task's lanes against f32 keys and values: page pi's key j at kf[bases[pi] + j * ld],
+    # its value at vf[vbases[pi] + j * vld]
     qp = np.zeros(E * 16, np.float32)
     for e in range(E):
         for i in range(lanes):
             qp[e * 16 + i] = q[tok[i], col[i] + e]
     # the scores, st[n * 16 + i] = q_i . k_n: one fma chain over e from +0.0 per element
-    for pi in range(pages):   # the task's keys and values are usually in memory only: ask for them all now
-        page = page_table[row, pi]
-        if page >= 0 and page < N:
-            base = ((page * L + layer) * S) * KD + g * E
-            _lm_prefetch_rows(kf, base, min(S, nk - pi * S), KD, E)
-            _lm_prefetch_rows(vf, base, min(S, nk - pi * S), KD, E)
     st = np.zeros(pages * S * 16, np.float32)
     ok = np.zeros(pages, np.bool_)
     few = lanes <= FEW and E % 16 == 0   # a decode token's heads: keys, not lanes, fill the vectors
     sc = np.zeros(FEW * 16, np.float32)
     for pi in range(pages):
-        page = page_table[row, pi]
-        ok[pi] = page >= 0 and page < N
+        ok[pi] = bases[pi] >= 0
         if ok[pi]:
             kb = min(S, nk - pi * S)
-            base = ((page * L + layer) * S) * KD + g * E
+            base = bases[pi]
             if few:
                 for j0 in range(0, kb, 16):
-                    _lm_scores_few(qp, kf, base + j0 * KD, KD, min(16, kb - j0), E, sc)
+                    _lm_scores_few(qp, kf, base + j0 * ld, ld, min(16, kb - j0), E, sc)
                     for j in range(min(16, kb - j0)):
                         for i in range(lanes):
                             st[(pi * S + j0 + j) * 16 + i] = sc[i * 16 + j]
             else:
                 for j0 in range(0, kb, NR):
-                    _lm_gemm_tile_rows(qp, 0, kf, base + j0 * KD, KD, 1, min(NR, kb - j0), E, st[(pi * S + j0) * 16:], 16)
+                    _lm_gemm_tile_rows(qp, 0, kf, base + j0 * ld, ld, 1, min(NR, kb - j0), E, st[(pi * S + j0) * 16:], 16)
     # softmax_scaled down each lane's column of keys 0 .. its position
     _lm_mask(st, nk, lanes, lpos, ok, S, np.float32(-np.inf))
     top = np.full(16, np.float32(-3.0000000054977558e+38), np.float32)
@@ -289,9 +417,7 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
         acc = np.zeros(FEW * E, np.float32)
         for pi in range(pages):
             if ok[pi]:
-                page = page_table[row, pi]
-                base = ((page * L + layer) * S) * KD + g * E
-                _lm_values_few(st, pi * S, vf, base, KD, min(S, nk - pi * S), E, acc)
+                _lm_values_few(st, pi * S, vf, vbases[pi], vld, min(S, nk - pi * S), E, acc)
         for i in range(lanes):
             for e in range(E):
                 o[tok[i], col[i] + e] = acc[i * E + e]
@@ -300,11 +426,9 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
     acc = np.zeros(fblocks * NR * 16, np.float32)
     for pi in range(pages):
         if ok[pi]:
-            page = page_table[row, pi]
-            base = ((page * L + layer) * S) * KD + g * E
             kb = min(S, nk - pi * S)
             for fb in range(fblocks):
-                _lm_gemm_tile_rows(st, pi * S * 16, vf, base + fb * NR, 1, KD, min(NR, E - fb * NR), kb, acc[fb * NR * 16:], 16)
+                _lm_gemm_tile_rows(st, pi * S * 16, vf, vbases[pi] + fb * NR, 1, vld, min(NR, E - fb * NR), kb, acc[fb * NR * 16:], 16)
     for i in range(lanes):
         for e in range(E):
             o[tok[i], col[i] + e] = acc[e * 16 + i]
@@ -357,7 +481,8 @@ def k_attention_paged(q, rows, positions, page_table, k_cache, v_cache, layer, h
 
 
 def function_name(motif: str = "attention_paged") -> str:
-    return f"k_{motif}"
+    """One driver serves both motifs (numba compiles it per cache dtype)."""
+    return "k_attention_paged"
 
 
 def render_module(motif: str = "attention_paged") -> str:
@@ -371,7 +496,8 @@ def render_module(motif: str = "attention_paged") -> str:
               f"(loomc/lower/paged_attention.py), tile {matmul.PANEL_ROWS} x {matmul.TILE_COLS}\n")
     constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\nFEW = {FEW}\n"
     helpers = "".join(h + "\n\n" for h in helpers_for(_DRIVER))
-    return header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE + FEW_SOURCE + "\n" + _DRIVER
+    return (header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE
+            + IR_HELPERS_SOURCE + FEW_SOURCE + "\n" + _DRIVER)
 
 
 def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:
@@ -391,14 +517,22 @@ def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
         raise ValueError(f"the cache's {kd} features are not {kv_heads} kv heads of {qd // heads}")
     if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
         raise ValueError("the caches must be contiguous (they are read in place)")
+    caches = []
+    for cache, dtype in zip((k_cache, v_cache), MOTIFS[motif]):
+        if dtype == "f16" and cache.dtype == np.float16:   # float16 host arrays reach the driver as their bits
+            cache = cache.view(np.uint16)
+        if cache.dtype != (np.uint16 if dtype == "f16" else np.float32):
+            raise ValueError(f"{motif} reads {' and '.join(MOTIFS[motif])} caches, not {k_cache.dtype} and {v_cache.dtype}")
+        caches.append(cache)
+    k_cache, v_cache = caches
     return q, rows, positions, page_table, k_cache, v_cache, int(layer), heads, kv_heads, float(scale), o
 
 
 def argument_examples(motif: str = "attention_paged") -> tuple:
     """One value of each argument's exact type as dispatch passes them, for compiling ahead."""
     i32 = np.zeros(1, np.int32)
-    cache = np.zeros((1, 1, 1, 1), np.float32)
-    return (np.zeros((1, 1), np.float32), i32, i32, np.zeros((1, 1), np.int32), cache, cache, 0, 1, 1, 1.0,
+    k_cache, v_cache = (np.zeros((1, 1, 1, 1), np.uint16 if dtype == "f16" else np.float32) for dtype in MOTIFS[motif])
+    return (np.zeros((1, 1), np.float32), i32, i32, np.zeros((1, 1), np.int32), k_cache, v_cache, 0, 1, 1, 1.0,
             np.zeros((1, 1), np.float32))
 
 

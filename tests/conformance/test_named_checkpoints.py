@@ -17,7 +17,7 @@ from scout_daemon import chat, open_stream, scheduler, scout_document, start_sco
 
 FIRST = [{"role": "user", "content": "Remember the number seven."}]
 PAGE_SIZE = 16
-PAGE_BYTES = 2 * 30 * PAGE_SIZE * 192 * 4   # k_cache + v_cache of one page (samples/scout/prepare.loom)
+PAGE_BYTES = 30 * PAGE_SIZE * 192 * (4 + 2)   # k_cache (f32) + v_cache (f16) of one page (samples/scout/model.loom)
 
 
 @pytest.fixture(scope="module")

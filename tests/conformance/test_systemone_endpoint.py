@@ -157,7 +157,8 @@ def reference():
     lengths = [len(ids) for ids, _ in prompts]
     pages_per_row = -(-max(lengths) // 16)
     page_table = np.arange(len(prompts) * pages_per_row, dtype=np.int32).reshape(len(prompts), pages_per_row)
-    state = {name: np.zeros((page_table.size, 30, 16, 192), np.float32) for name in ("k_cache", "v_cache")}
+    shape = (page_table.size, 30, 16, 192)
+    state = {"k_cache": np.zeros(shape, np.float32), "v_cache": np.zeros(shape, np.float16)}   # samples/scout/model.loom
     logits = program.run(params, state, {
         "tokens": np.array([t for ids, _ in prompts for t in ids], np.int32),
         "positions": np.array([p for n in lengths for p in range(n)], np.int32),

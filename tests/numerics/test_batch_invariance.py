@@ -100,8 +100,10 @@ class PagedRows:
         return slice(start, start + len(self.rows[row]))
 
 
-def fresh_cache() -> dict:
-    return {name: np.zeros((POOL_PAGES, LAYERS, PAGE_SIZE, KV_DIM), np.float32) for name in ("k_cache", "v_cache")}
+def fresh_cache(values=np.float16) -> dict:
+    """Scout's paged cache (samples/scout/model.loom: f16 values); the encoder's keeps f32 values."""
+    shape = (POOL_PAGES, LAYERS, PAGE_SIZE, KV_DIM)
+    return {"k_cache": np.zeros(shape, np.float32), "v_cache": np.zeros(shape, values)}
 
 
 def assert_all_equal(results: dict, what: str) -> None:
@@ -156,7 +158,7 @@ def test_sequences(rng):
     for i, how in enumerate(ARRANGEMENTS):
         rows, at, pad = arrange(x, others, how)
         step = PagedRows(rows, pad, seed=20 + i)
-        cache = fresh_cache()
+        cache = fresh_cache(np.float32)
         inputs = {k: v for k, v in step.prefill().items() if k != "last"}
         hidden[how] = program.run(params, cache, inputs)["hidden"][step.token_slice(at)]
         pages = step.page_table[at][step.page_table[at] >= 0]

@@ -19,7 +19,7 @@ from numerics_testlib import AVX2, BASELINE, assert_same_bits_in_classes
 
 from loomc.check import load_files
 from loomc.lower import attention
-from loomc.run.compile import compile_command
+from loomc.run.compile import compile_command, compile_kernel
 from loomc.run.dispatch import DispatchError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "paged_attention.loom"
@@ -30,7 +30,7 @@ LAYERS, LAYER = 3, 1
 def programs() -> dict:
     checked = load_files([FIXTURE])
     assert checked.ok, checked.diagnostics
-    return {name: compile_command(checked, name) for name in ("tiled", "online")}
+    return {name: compile_command(checked, name) for name in ("tiled", "online", "tiled_f16v")}
 
 
 def cache(rng, rows: int, pages_per_row: int, page_size: int, kv_dim: int):
@@ -146,10 +146,63 @@ def test_shapes_its_signature_cannot_check_are_refused_with_the_source_line(prog
 
 
 def compute_classes(data: dict) -> dict:
-    """The motif on `data`, for the SIMD-class comparison (here and in a subprocess)."""
+    """The motif on `data`, for the SIMD-class comparison (here and in a subprocess): f32
+    values, and the same values rounded to f16 (widened by vcvtph2ps with F16C, by integer
+    operations in the baseline build)."""
     checked = load_files([FIXTURE])
-    tiled = compile_command(checked, "tiled")
-    return {"o": call(tiled, data["q"], data["rows"], data["positions"], data["table"], data["k"], data["v"], 9, 3)}
+    tiled, f16v = compile_command(checked, "tiled"), compile_command(checked, "tiled_f16v")
+    args = (data["q"], data["rows"], data["positions"], data["table"], data["k"])
+    return {"o": call(tiled, *args, data["v"], 9, 3), "o_f16v": call(f16v, *args, data["v"].astype(np.float16), 9, 3)}
+
+
+@pytest.mark.parametrize("heads, kv_heads, e, page_size, tokens", SHAPES)
+def test_f16_values_give_the_bits_of_f32_values_holding_the_same_numbers(programs, rng, heads, kv_heads, e, page_size,
+                                                                         tokens):
+    """attention_paged_f16v widens each value exactly, so it is attention_paged over the f32
+    values of the f16 cache: prefill, decode (the few-lane path), a missing page, and heads of
+    5 features (the widening's partial vectors). Infinities and NaNs widen as themselves."""
+    k, v, table = cache(rng, 2, -(-tokens // page_size), page_size, kv_heads * e)
+    table[1, 0] = -1
+    v16 = v.astype(np.float16)
+    v16[-1, LAYER, 0, :2] = [np.inf, np.nan]   # a slot no token reads: widened, never seen
+    rows = [0] * tokens + [1, 0]
+    positions = list(range(tokens)) + [tokens - 1, tokens - 1]
+    q = rng.standard_normal((len(rows), heads * e)).astype(np.float32)
+    got = call(programs["tiled_f16v"], q, rows, positions, table, k, v16, heads, kv_heads)
+    want = call(programs["tiled"], q, rows, positions, table, k, v16.astype(np.float32), heads, kv_heads)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    decode = call(programs["tiled_f16v"], q[-1:], rows[-1:], positions[-1:], table, k, v16, heads, kv_heads)
+    np.testing.assert_array_equal(decode, got[-1:])
+
+
+def test_the_f16v_motif_refuses_f32_values(programs, rng):
+    k, v, table = cache(rng, 1, 1, 16, 8)
+    q = rng.standard_normal((2, 16)).astype(np.float32)
+    with pytest.raises(Exception, match=r"v_cache|f16"):
+        call(programs["tiled_f16v"], q, [0, 0], [0, 1], table, k, v, 2, 1)
+
+
+def test_rope_kv_write_f16v_writes_rope_kv_writes_values_rounded_once_to_f16(rng):
+    """The same q and keys as rope_kv_write, and each value its f32 value rounded to nearest
+    f16 (ties to even: numpy's astype), written where rope_kv_write writes it."""
+    std = load_files(sorted((Path(__file__).resolve().parents[2] / "loomc" / "motifs").glob("*.loom")))
+    plain, half = compile_kernel(std, "rope_kv_write"), compile_kernel(std, "rope_kv_write_f16v")
+    heads, kv_heads, e = 9, 3, 64
+    qkv = (rng.standard_normal((5, (heads + 2 * kv_heads) * e)) * 3).astype(np.float32)
+    qkv[0, heads * e + kv_heads * e] = np.float32(1.0009765625 + 2.0 ** -11)   # a tie: rounds to even
+    rows, positions = np.array([0, 0, 0, 1, 1], np.int32), np.array([0, 1, 2, 5, 6], np.int32)
+    table = np.array([[2, -1], [0, 1]], np.int32)
+    out = {}
+    for name, kernel, vtype in (("plain", plain, np.float32), ("half", half, np.float16)):
+        k_cache = np.zeros((3, LAYERS, 4, kv_heads * e), np.float32)
+        v_cache = np.zeros((3, LAYERS, 4, kv_heads * e), vtype)
+        q = np.zeros((5, heads * e), np.float32)
+        kernel(qkv, rows, positions, table, LAYER, heads, kv_heads, np.float32(10000.0), q, k_cache, v_cache)
+        out[name] = q, k_cache, v_cache
+    np.testing.assert_array_equal(out["half"][0], out["plain"][0])
+    np.testing.assert_array_equal(out["half"][1], out["plain"][1])
+    np.testing.assert_array_equal(out["half"][2].view(np.uint16), out["plain"][2].astype(np.float16).view(np.uint16))
+    assert out["half"][2][2, LAYER, 0, 0] == np.float16(1.001953125)   # the tie, to the even neighbour (1 + 2 ulp)
 
 
 def test_every_simd_class_gives_the_same_bits(rng, tmp_path):

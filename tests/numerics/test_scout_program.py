@@ -40,7 +40,8 @@ def test_scout_prefill_decode_runs(scout):
     assert len(plan.dispatches) == 2 + 1 + 30 * 9 + 4  # embed, place image rows, first norm, 9 per layer, gather, norm, LM head, sample
     assert plan.params["wqkv"].family == (0, 30) and plan.params["wqkv"].dtype == "q4_1" and plan.params["token_embd"].dtype == "q8_0"
     pages = 8
-    state = {name: np.zeros((pages, 30, 16, 192), np.float32) for name in ("k_cache", "v_cache")}
+    shape = (pages, 30, 16, 192)
+    state = {"k_cache": np.zeros(shape, np.float32), "v_cache": np.zeros(shape, np.float16)}   # samples/scout/model.loom
     lengths = [5, 2]
     inputs = {
         "tokens": np.array([1, 9690, 28, 2, 11, 1, 4093], np.int32),

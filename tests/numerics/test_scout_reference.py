@@ -168,7 +168,8 @@ def layout(prompt_ids):
 
 
 def fresh_state():
-    return {name: np.zeros((POOL_PAGES, LAYERS, PAGE_SIZE, KV_DIM), np.float32) for name in ("k_cache", "v_cache")}
+    shape = (POOL_PAGES, LAYERS, PAGE_SIZE, KV_DIM)
+    return {"k_cache": np.zeros(shape, np.float32), "v_cache": np.zeros(shape, np.float16)}   # samples/scout/model.loom
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +269,8 @@ def test_teacher_forced_argmax_agrees_with_reference(scout, hf_model, tokenizer,
     pages = -(-TEACHER_TOKENS // PAGE_SIZE)
     table = np.full((1, PAGES_PER_ROW), -1, np.int32)
     table[0, :pages] = np.arange(pages)
-    state = {name: np.zeros((pages, LAYERS, PAGE_SIZE, KV_DIM), np.float32) for name in ("k_cache", "v_cache")}
+    shape = (pages, LAYERS, PAGE_SIZE, KV_DIM)
+    state = {"k_cache": np.zeros(shape, np.float32), "v_cache": np.zeros(shape, np.float16)}   # samples/scout/model.loom
     agree, worst, scale = 0, 0.0, 0.0
     for i, token in enumerate(ids):
         ours = programs["prefill_logits"].run(params, state, {
