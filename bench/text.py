@@ -454,6 +454,10 @@ def main() -> None:
         for m, f in measures.items():
             for e in engines:
                 results.setdefault((m, e.name), []).append(f(e))
+    engine_rss = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  engines[1].rss() if len(engines) > 1 else float("nan")]
+    for e in engines:   # idle, but its threads and 600 MB stay out of the servers' start and runs
+        e.close()
     servers = http_servers(args.threads, len(engines) > 1, args.llama_bin)
     prompt_tokens = {s.name: {n: s.prompt_tokens(k) for n, k in HTTP_PROMPTS.items()} for s in servers}  # + warm-up
     for s in servers:
@@ -473,8 +477,7 @@ def main() -> None:
         other = statistics.median(others) if others else float("nan")
         ratio = (other / loom if "ms" in m else loom / other) if other == other and other else float("nan")
         print(f"{m:55s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    other = engines[1].rss() if len(engines) > 1 else float("nan")
+    rss, other = engine_rss
     print(f"{'peak RSS of the engine process (MiB)':55s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
     rss = [s.rss() for s in servers] + [float("nan")] * (2 - len(servers))
     print(f"{'peak RSS of the HTTP server process (MiB)':55s} {rss[0]:10.0f} {rss[1]:10.0f} {rss[0] / rss[1]:8.2f}")
@@ -488,8 +491,8 @@ def main() -> None:
           "llama-server has 8 slots")
     print("ratio > 1 means Loom is faster (for time to first token: llama.cpp's time / Loom's); "
           "for RSS the ratio is Loom's / llama.cpp's")
-    for e in [*engines, *servers]:
-        e.close()
+    for s in servers:
+        s.close()
 
 if __name__ == "__main__":
     main()
