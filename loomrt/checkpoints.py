@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from loomc.dtypes import DTYPES
 from loomrt.errors import CheckpointError
@@ -215,8 +216,8 @@ def release_unviewed(raw: np.memmap | None, kept: Iterable[np.ndarray]) -> int:
     if raw is None or advise is None or handle is None or raw.offset != 0:
         return 0
     start, size, page = raw.ctypes.data, raw.nbytes, mmap.PAGESIZE
-    views = sorted((a.ctypes.data - start, a.ctypes.data - start + a.nbytes) for a in kept
-                   if isinstance(a, np.ndarray) and a.nbytes and start <= a.ctypes.data < start + size)
+    spans = (byte_bounds(a) for a in kept if isinstance(a, np.ndarray) and a.nbytes)   # strided views included
+    views = sorted((low - start, high - start) for low, high in spans if high > start and low < start + size)
     given, at = 0, 0
     for low, high in views + [(size, size)]:
         first, last = -(-at // page) * page, low // page * page   # whole pages strictly between views

@@ -318,10 +318,12 @@ def test_release_gives_back_pages_no_kept_array_views(tmp_path):
     path = write_gguf(tmp_path / "big.gguf", {name: (t, None) for name, t in tensors.items()})
     with open_checkpoint(path) as ckpt:
         kept = ckpt.get("b")
+        backwards = ckpt.get("c")[::-1]                          # a view whose first element is its last byte
         copies = [ckpt.get("a").copy(), ckpt.get("c").copy()]   # every page read
         kept[0, 0] = 7.0                                         # a view written in place (copy-on-write)
         assert np.isfinite(kept.sum())                           # and read whole: resident
         before = _mapped_rss(path)
+        assert ckpt.release([kept, backwards]) <= tensors["a"].nbytes + 4096   # only a's pages: c is viewed
         given = ckpt.release([kept])
         after = _mapped_rss(path)
         assert given >= 2 * tensors["a"].nbytes - 2 * 4096 * 2 and given % mmap.PAGESIZE == 0
