@@ -192,9 +192,9 @@ def _lm_prefetch_rows(typingctx, a, base, count, ld, width):
 
 def _lm_widen_codegen(context, builder, sig, args):
     # _lm_widen_rows(src, base, count, ld, width, dst, at): dst[at + j * width + e] = the f32 value
-    # of src[base + j * ld + e] (j < count, e < width): an f16 cache's bits (uint16) widened
+    # of src[base + j * ld + e] (j < count, e < width), src an f16 cache's bits (uint16): widened
     # exactly (vcvtph2ps with F16C; else the integer path of numba_helpers' _lm_f16_from_bits,
-    # inf and nan included), an f32 cache copied
+    # inf and nan included)
     from llvmlite import ir as llir
 
     f32, i16, i32, i64 = llir.FloatType(), llir.IntType(16), llir.IntType(32), llir.IntType(64)
@@ -202,8 +202,6 @@ def _lm_widen_codegen(context, builder, sig, args):
                                             else v for v, t in zip(args, sig.args)]
     source = context.make_array(sig.args[0])(context, builder, src).data
     target = builder.bitcast(context.make_array(sig.args[5])(context, builder, dst).data, f32.as_pointer())
-    half = sig.args[0].dtype == types.uint16
-
     def widen(bits, n):   # <n x i16> -> <n x f32>
         vf, vi = llir.VectorType(f32, n), llir.VectorType(i32, n)
         if _lm_target_has("f16c"):
@@ -220,9 +218,8 @@ def _lm_widen_codegen(context, builder, sig, args):
         return builder.bitcast(builder.or_(out, builder.shl(builder.and_(h, c(0x8000)), c(16))), vf)
 
     def move(from_at, to_at, n):
-        kind = llir.VectorType(i16 if half else f32, n)
-        value = builder.load(builder.bitcast(builder.gep(source, [from_at]), kind.as_pointer()), align=2 if half else 4)
-        value = widen(value, n) if half else value
+        bits = builder.load(builder.bitcast(builder.gep(source, [from_at]), llir.VectorType(i16, n).as_pointer()), align=2)
+        value = widen(bits, n)
         builder.store(value, builder.bitcast(builder.gep(target, [to_at]), value.type.as_pointer()), align=4)
 
     chunks = builder.sdiv(width, llir.Constant(i64, 16))
@@ -254,28 +251,28 @@ def _lm_widen_rows(typingctx, src, base, count, ld, width, dst, at):
     return types.none(src, base, count, ld, width, dst, at), _lm_widen_codegen
 
 
-def _lm_as_f32(a):
+def _lm_f32_rows(cache, bases, nk, S, KD, E):
     pass
 
 
-@overload(_lm_as_f32)
-def _lm_as_f32_typed(a):
-    # an f32 cache itself; for f16 bits an empty f32 array (that branch reads the widened
-    # copies), so the f32 path is compiled for f32 arrays only
-    if a.dtype == types.uint16:
-        return lambda a: np.empty(0, np.float32)
-    return lambda a: a
+@overload(_lm_f32_rows)
+def _lm_f32_rows_typed(cache, bases, nk, S, KD, E):
+    # (array, each page's start in it, row stride) of a task's keys or values as f32: an f32
+    # cache read in place; an f16 cache's (uint16 bits) rows widened once, exactly, into a copy
+    if cache.dtype != types.uint16:
+        return lambda cache, bases, nk, S, KD, E: (cache, bases, KD)
 
+    def widened(cache, bases, nk, S, KD, E):
+        pages = bases.size
+        wide = np.empty(pages * S * E, np.float32)
+        starts = np.full(pages, -1, np.int64)
+        for pi in range(pages):
+            if bases[pi] >= 0:
+                starts[pi] = pi * S * E
+                _lm_widen_rows(cache, bases[pi], min(S, nk - pi * S), KD, E, wide, starts[pi])
+        return wide, starts, E
 
-@intrinsic
-def _lm_is_half(typingctx, a):
-    # whether array a holds f16 bits (a constant where compiled: the branch not taken is dropped)
-    from llvmlite import ir as llir
-
-    def codegen(context, builder, sig, args):
-        return llir.Constant(llir.IntType(1), int(sig.args[0].dtype == types.uint16))
-
-    return types.boolean(a), codegen
+    return widened
 
 
 @intrinsic
@@ -333,34 +330,9 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
             bases[pi] = ((page * L + layer) * S) * KD + g * E
             _lm_prefetch_rows(kf, bases[pi], min(S, nk - pi * S), KD, E)
             _lm_prefetch_rows(vf, bases[pi], min(S, nk - pi * S), KD, E)
-    # an f16 cache: the task's part of it widened once, exactly, then read as f32 (the
-    # branches are constants where compiled)
-    if _lm_is_half(kf) and _lm_is_half(vf):
-        kw, kb, kl = _lm_widened(kf, bases, nk, S, KD, E)
-        vw, vb, vl = _lm_widened(vf, bases, nk, S, KD, E)
-        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, vw, kb, kl, vb, vl, E, scale, o)
-    elif _lm_is_half(kf):
-        kw, kb, kl = _lm_widened(kf, bases, nk, S, KD, E)
-        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, _lm_as_f32(vf), kb, kl, bases, KD, E, scale, o)
-    elif _lm_is_half(vf):
-        vw, vb, vl = _lm_widened(vf, bases, nk, S, KD, E)
-        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, _lm_as_f32(kf), vw, bases, KD, vb, vl, E, scale, o)
-    else:
-        _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, _lm_as_f32(kf), _lm_as_f32(vf), bases, KD, bases, KD,
-                        E, scale, o)
-
-
-@njit(cache=True, fastmath=False, error_model="numpy")
-def _lm_widened(cache, bases, nk, S, KD, E):
-    # (the task's rows of an f16 cache as f32, where each page's start there, their stride)
-    pages = bases.size
-    wide = np.empty(pages * S * E, np.float32)
-    starts = np.full(pages, -1, np.int64)
-    for pi in range(pages):
-        if bases[pi] >= 0:
-            starts[pi] = pi * S * E
-            _lm_widen_rows(cache, bases[pi], min(S, nk - pi * S), KD, E, wide, starts[pi])
-    return wide, starts, E
+    kw, kb, kl = _lm_f32_rows(kf, bases, nk, S, KD, E)
+    vw, vb, vl = _lm_f32_rows(vf, bases, nk, S, KD, E)
+    _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, vw, kb, kl, vb, vl, E, scale, o)
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
