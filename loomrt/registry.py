@@ -38,7 +38,7 @@ from loomrt.errors import (CompileError, Conflict, Gone, InvalidRequest, LoomErr
 from loomrt.media.image import ImageFormats
 from loomrt.package import PackageFiles
 from loomrt.prepare import prepare_params
-from loomrt.residency import Component, Residency
+from loomrt.residency import Component, Residency, param_arrays
 from loomrt.services import kind_spec, serving_spec
 from loomrt.services.base import Job, StageService
 from loomrt.state import allocate_state, host_sizes, state_bytes
@@ -344,7 +344,7 @@ class Registry:
                          if component == "primary")
         with open_checkpoints([code_path(ref) for ref in checkpoint], adapters) as ckpt:
             params = prepare_params(plan, ckpt, self.cache_dir, prepared)
-            ckpt.release(a for value in params.values() for a in (value if isinstance(value, list) else [value]))
+            ckpt.release(param_arrays(params))
             return params
 
     def _prepare_service(self, reg: Registration) -> None:

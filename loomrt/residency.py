@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -26,12 +26,14 @@ from loomrt.errors import DeviceMemoryExhausted
 Params = dict[str, Any]
 
 
-def params_bytes(params: Params) -> int:
-    total = 0
+def param_arrays(params: Params) -> Iterator[Any]:
+    """Every param array, a family's members one by one."""
     for value in params.values():
-        for array in (value if isinstance(value, list) else [value]):
-            total += int(np.asarray(array).nbytes)
-    return total
+        yield from (value if isinstance(value, list) else [value])
+
+
+def params_bytes(params: Params) -> int:
+    return sum(int(np.asarray(array).nbytes) for array in param_arrays(params))
 
 
 class Component:
@@ -172,4 +174,4 @@ class Residency:
             component.pinned = pinned
 
 
-__all__ = ["Component", "Params", "Residency", "params_bytes"]
+__all__ = ["Component", "Params", "Residency", "param_arrays", "params_bytes"]
