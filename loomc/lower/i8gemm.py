@@ -180,8 +180,7 @@ def _lm_i8_quantize_codegen(context, builder, sig, args):
 
     f32, i8, i32, i64 = llir.FloatType(), llir.IntType(8), llir.IntType(32), llir.IntType(64)
     v16f, v16b, v16i = llir.VectorType(f32, 16), llir.VectorType(i8, 16), llir.VectorType(i32, 16)
-    a, a_off, depth, codes, q_off, zps, factors, m = [
-        context.cast(builder, x, t, types.int64) if isinstance(t, types.Integer) else x for x, t in zip(args[:8], sig.args[:8])]
+    a, a_off, depth, codes, q_off, zps, factors, m = _lm_arguments(context, builder, sig, args)[:8]
     w_scale = context.cast(builder, args[8], sig.args[8], types.float32)
     xs = _lm_pointer(context, builder, sig.args[0], a, a_off, f32)
     qs = _lm_pointer(context, builder, sig.args[3], codes, q_off, i8)
@@ -249,8 +248,7 @@ def _lm_i8_sums_codegen(context, builder, sig, args):
 
     i8, i32, i64 = llir.IntType(8), llir.IntType(32), llir.IntType(64)
     v16i = llir.VectorType(i32, 16)
-    b, b_off, steps, sums, s_off = [context.cast(builder, x, t, types.int64) if isinstance(t, types.Integer) else x
-                                    for x, t in zip(args, sig.args)]
+    b, b_off, steps, sums, s_off = _lm_arguments(context, builder, sig, args)
     bs = _lm_pointer(context, builder, sig.args[0], b, b_off, i8)
     ones = llir.Constant(v16i, [0x01010101] * 16)
 
@@ -278,8 +276,8 @@ def _lm_i8_tile_codegen(context, builder, sig, args):
 
     f32, i8, i32, i64 = llir.FloatType(), llir.IntType(8), llir.IntType(32), llir.IntType(64)
     v16f, v16i = llir.VectorType(f32, 16), llir.VectorType(i32, 16)
-    (codes, q_off, ldq, rows, b, b_off, ldp, panels, steps, zps, factors, r0, sums, c, c_off, ldc, width) = [
-        context.cast(builder, x, t, types.int64) if isinstance(t, types.Integer) else x for x, t in zip(args, sig.args)]
+    (codes, q_off, ldq, rows, b, b_off, ldp, panels, steps, zps, factors, r0, sums, c, c_off, ldc,
+     width) = _lm_arguments(context, builder, sig, args)
     qs = _lm_pointer(context, builder, sig.args[0], codes, q_off, i8)
     bs = _lm_pointer(context, builder, sig.args[4], b, b_off, i8)
     zero = llir.Constant(i64, 0)

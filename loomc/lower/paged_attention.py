@@ -77,8 +77,7 @@ def _lm_few_codegen(kind):
         vec, ivec = llir.VectorType(f32, 16), llir.VectorType(i32, 16)
         fma = cgutils.get_or_insert_function(builder.module, llir.FunctionType(vec, [vec] * 3), "llvm.fma.v16f32")
         zero = llir.Constant(vec, [0.0] * 16)
-        values = [context.cast(builder, a, t, types.int64) if isinstance(t, types.Integer) else a
-                  for a, t in zip(args, sig.args)]
+        values = _lm_arguments(context, builder, sig, args)
 
         def data(k):
             return context.make_array(sig.args[k])(context, builder, values[k]).data
@@ -164,8 +163,7 @@ def _lm_prefetch_codegen(context, builder, sig, args):
     from llvmlite import ir as llir
 
     i64 = llir.IntType(64)
-    a, base, count, ld, width = [context.cast(builder, v, t, types.int64) if isinstance(t, types.Integer) else v
-                                 for v, t in zip(args, sig.args)]
+    a, base, count, ld, width = _lm_arguments(context, builder, sig, args)
     data = context.make_array(sig.args[0])(context, builder, a).data
     per_line = llir.Constant(i64, 64 // (sig.args[0].dtype.bitwidth // 8))
     lines = builder.sdiv(builder.add(width, builder.sub(per_line, llir.Constant(i64, 1))), per_line)
@@ -198,8 +196,7 @@ def _lm_widen_codegen(context, builder, sig, args):
     from llvmlite import ir as llir
 
     f32, i16, i32, i64 = llir.FloatType(), llir.IntType(16), llir.IntType(32), llir.IntType(64)
-    src, base, count, ld, width, dst, at = [context.cast(builder, v, t, types.int64) if isinstance(t, types.Integer)
-                                            else v for v, t in zip(args, sig.args)]
+    src, base, count, ld, width, dst, at = _lm_arguments(context, builder, sig, args)
     source = context.make_array(sig.args[0])(context, builder, src).data
     target = builder.bitcast(context.make_array(sig.args[5])(context, builder, dst).data, f32.as_pointer())
     def widen(bits, n):   # <n x i16> -> <n x f32>

@@ -163,6 +163,12 @@ def _lm_prefetch(builder, pointer, distance):
     builder.call(fetch, [ahead, llir.Constant(i32, 0), llir.Constant(i32, 3), llir.Constant(i32, 1)])
 
 
+def _lm_arguments(context, builder, sig, args):
+    # an intrinsic's arguments as LLVM values: integers widened to i64, arrays and floats as given
+    return [context.cast(builder, a, t, types.int64) if isinstance(t, types.Integer) else a
+            for a, t in zip(args, sig.args)]
+
+
 def _lm_ir_function(builder, name, result, params):
     from llvmlite import ir as llir
 
@@ -260,8 +266,7 @@ def _lm_quantize_codegen(context, builder, sig, args):
 
     f32, i16, i32, i64 = llir.FloatType(), llir.IntType(16), llir.IntType(32), llir.IntType(64)
     v32f, v32s, v32i = llir.VectorType(f32, 32), llir.VectorType(i16, 32), llir.VectorType(i32, 32)
-    x, x_off, blocks, ws, q_off, d_off, s_off, stride = [context.cast(builder, a, t, types.int64) if isinstance(t, types.Integer)
-                                                 else a for a, t in zip(args, sig.args)]
+    x, x_off, blocks, ws, q_off, d_off, s_off, stride = _lm_arguments(context, builder, sig, args)
     xs = _lm_pointer(context, builder, sig.args[0], x, x_off, f32)
     codes = builder.gep(_lm_pointer(context, builder, sig.args[3], ws, llir.Constant(i64, 0), i16), [q_off])
     scales = _lm_pointer(context, builder, sig.args[3], ws, d_off, f32)
@@ -310,8 +315,8 @@ def _lm_dot_codegen(rows, tokens):
                                   llir.IntType(64))
         v16f, v16i, v16b, v32b, v32s = (llir.VectorType(f32, 16), llir.VectorType(i32, 16), llir.VectorType(i8, 16),
                                         llir.VectorType(i8, 32), llir.VectorType(i16, 32))
-        w, w_off, rb, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width = [
-            context.cast(builder, a, t, types.int64) if isinstance(t, types.Integer) else a for a, t in zip(args, sig.args)]
+        (w, w_off, rb, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off,
+         width) = _lm_arguments(context, builder, sig, args)
         weights = _lm_pointer(context, builder, sig.args[0], w, w_off, i8)
         all_codes = _lm_pointer(context, builder, sig.args[3], ws, llir.Constant(i64, 0), i16)
         codes = [builder.gep(all_codes, [builder.add(q_off, builder.mul(depth, llir.Constant(i64, u)))])
