@@ -24,7 +24,12 @@ from loomc.run.ahead import Progress, ahead_of_time_units, compile_ahead
 from loomc.run.compile import build_programs, compile_kernels
 from loomrt.document import FileRef, ModelDocument
 from loomrt.errors import CompileError, run_errors
+from loomrt.library_pages import release_library_pages
 from loomrt.locator import resolve_locator
+
+
+# The shared library that compiles and links the cpu target's kernels (numba's LLVM).
+COMPILER_LIBRARY = "libllvmlite"
 
 
 def code_path(ref: FileRef, namespace: str = UPLOAD) -> Path:
@@ -155,6 +160,8 @@ def compile_deployment(doc: ModelDocument, package: Mapping[str, bytes] | None, 
         preparing = [launcher for plan in module.components.values() if plan.kernels
                      for launcher in compile_kernels(dict(plan.kernels), target, cache_dir).values()]
         compile_ahead(ahead_of_time_units(programs, preparing), kernels_compiled)
+    # The kernels are loaded: LLVM's code is not run again until the next compile.
+    release_library_pages(COMPILER_LIBRARY)
     shown = tuple(code_path(s).as_posix() if s.where != "package" else s.path
                   for s in (sources if sources is not None else doc.sources))
     def rebuild(more: Mapping[str, int]) -> Executables:
