@@ -403,21 +403,18 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
             o[tok[i], col[i] + e] = acc[e * 16 + i]
 
 
-@njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
-def k_attention_paged(q, rows, positions, page_table, k_cache, v_cache, layer, heads, kv_heads, scale, o):
-    T, QD = q.shape
-    R = page_table.shape[0]
-    N, L, S, KD = k_cache.shape
-    E = QD // heads
-    hpg = heads // kv_heads
-    scale = np.float32(scale)
-    # each row's tokens in packed order; a token with no row or position gets zeros
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_tasks(rows, positions, R, slots, L, layer, hpg, o):
+    # each row's tokens in packed order (order[start[r]:start[r + 1]]), its blocks of 16
+    # lanes (blocks[r]:blocks[r + 1]) and each block's row; a token with no row or position
+    # gets zeros. Serial, outside the parallel driver: there numba would make every np.zeros
+    # a parallel loop of its own, each a launch of the thread pool (2 us of a decode call)
+    T, QD = o.shape
     count = np.zeros(R, np.int64)
     valid = np.zeros(T, np.bool_)
     for t in range(T):
         r = rows[t]
-        valid[t] = (r >= 0 and r < R and positions[t] >= 0 and positions[t] < page_table.shape[1] * S
-                    and layer >= 0 and layer < L)
+        valid[t] = r >= 0 and r < R and positions[t] >= 0 and positions[t] < slots and layer >= 0 and layer < L
         if valid[t]:
             count[r] += 1
         else:
@@ -439,6 +436,17 @@ def k_attention_paged(q, rows, positions, page_table, k_cache, v_cache, layer, h
     for r in range(R):
         for b in range(blocks[r], blocks[r + 1]):
             block_row[b] = r
+    return count, start, blocks, order, block_row
+
+
+@njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
+def k_attention_paged(q, rows, positions, page_table, k_cache, v_cache, layer, heads, kv_heads, scale, o):
+    R = page_table.shape[0]
+    N, L, S, KD = k_cache.shape
+    E = q.shape[1] // heads
+    hpg = heads // kv_heads
+    scale = np.float32(scale)
+    count, start, blocks, order, block_row = _lm_tasks(rows, positions, R, page_table.shape[1] * S, L, layer, hpg, o)
     kf = k_cache.reshape(-1)
     vf = v_cache.reshape(-1)
     for task in prange(blocks[R] * kv_heads):
