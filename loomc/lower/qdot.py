@@ -416,10 +416,12 @@ def _lm_dot_codegen(rows, tokens):
                 if Q4:
                     raw = builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 4)]), v16b.as_pointer()),
                                        align=1)
-                    low = builder.and_(raw, llir.Constant(v16b, [15] * 16))
-                    high = builder.lshr(raw, llir.Constant(v16b, [4] * 16))
-                    wq = builder.zext(builder.shuffle_vector(low, high, llir.Constant(llir.VectorType(i32, 32),
-                                                                                      list(range(32)))), v32s)
+                    # the 16 bytes twice (a broadcast load), widened once; then the low nibbles
+                    # in elements 0..15, the high in 16..31 (one shuffle per block, not two)
+                    twice = builder.zext(builder.shuffle_vector(raw, raw, llir.Constant(llir.VectorType(i32, 32),
+                                                                                        list(range(16)) * 2)), v32s)
+                    wq = builder.and_(builder.lshr(twice, llir.Constant(v32s, [0] * 16 + [4] * 16)),
+                                      llir.Constant(v32s, [15] * 32))
                     mw = halves[1]
                 else:
                     wq = builder.sext(builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 2)]),
