@@ -16,31 +16,47 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
+from dataclasses import dataclass
 from pathlib import Path
 
 SMAPS = Path("/proc/self/smaps")
 
 
-def _clean_read_only_mappings(library: str, smaps: str) -> list[tuple[int, int]]:
-    """(start, length) of every mapping of a file whose name contains `library` that is not
-    writable and has no dirty page (a relocated, then protected, RELRO page is dirty: it
-    differs from the file and must stay)."""
-    found: list[tuple[int, int]] = []
-    current: list | None = None
+@dataclass
+class MappedRegion:
+    """One mapping of this process's address space, as /proc/self/smaps describes it."""
+
+    start: int
+    length: int
+    perms: str
+    path: str          # "" for anonymous memory
+    rss: int = 0       # bytes resident
+    dirty: int = 0     # bytes that differ from the file (private or shared)
+
+
+def read_mappings(smaps: str) -> list[MappedRegion]:
+    """The mappings of an smaps text, in address order."""
+    found: list[MappedRegion] = []
     for line in smaps.splitlines():
         fields = line.split()
         if not fields:
             continue
         if not fields[0].endswith(":"):   # a mapping's header: range perms offset dev inode [path]
             low, high = (int(x, 16) for x in fields[0].split("-"))
-            path = fields[5] if len(fields) > 5 else ""
-            named = Path(path).name.startswith(library) and "w" not in fields[1]
-            current = [low, high - low, 0] if named else None
-            if current is not None:
-                found.append(current)
-        elif current is not None and fields[0] in ("Private_Dirty:", "Shared_Dirty:"):
-            current[2] += int(fields[1])
-    return [(start, length) for start, length, dirty in found if dirty == 0]
+            found.append(MappedRegion(low, high - low, fields[1], fields[5] if len(fields) > 5 else ""))
+        elif found and fields[0] == "Rss:":
+            found[-1].rss += int(fields[1]) * 1024
+        elif found and fields[0] in ("Private_Dirty:", "Shared_Dirty:"):
+            found[-1].dirty += int(fields[1]) * 1024
+    return found
+
+
+def _clean_read_only_mappings(library: str, smaps: str) -> list[tuple[int, int]]:
+    """(start, length) of every mapping of a file whose name starts with `library` that is not
+    writable and has no dirty page (a relocated, then protected, RELRO page is dirty: it
+    differs from the file and must stay)."""
+    return [(m.start, m.length) for m in read_mappings(smaps)
+            if Path(m.path).name.startswith(library) and "w" not in m.perms and m.dirty == 0]
 
 
 def release_library_pages(library: str) -> int:
@@ -59,4 +75,4 @@ def release_library_pages(library: str) -> int:
     return given
 
 
-__all__ = ["release_library_pages"]
+__all__ = ["MappedRegion", "SMAPS", "read_mappings", "release_library_pages"]

@@ -11,6 +11,7 @@ from safetensors.numpy import save_file
 
 from loomrt.checkpoints import TensorInfo, open_checkpoint
 from loomrt.errors import CheckpointError, LoomError
+from loomrt.library_pages import SMAPS, read_mappings
 
 Q = gguf.GGMLQuantizationType
 
@@ -297,15 +298,8 @@ def test_several_files_read_as_one_checkpoint(tmp_path, gguf_file):
 
 
 def _mapped_rss(path) -> int:
-    """Resident bytes of this process's mappings of `path` (from /proc/self/smaps)."""
-    total, inside = 0, False
-    for line in open("/proc/self/smaps"):
-        fields = line.split()
-        if "-" in fields[0] and not fields[0].endswith(":"):
-            inside = len(fields) > 5 and fields[-1] == str(path)
-        elif inside and fields[0] == "Rss:":
-            total += int(fields[1]) * 1024
-    return total
+    """Resident bytes of this process's mappings of `path`."""
+    return sum(m.rss for m in read_mappings(SMAPS.read_text()) if m.path == str(path))
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads resident pages from /proc/self/smaps")

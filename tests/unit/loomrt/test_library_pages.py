@@ -48,18 +48,13 @@ def test_only_the_librarys_clean_read_only_mappings_qualify():
 
 
 RELEASE_THEN_COMPILE = textwrap.dedent("""
+    from pathlib import Path
+
     import numba, numpy as np
-    from loomrt.library_pages import release_library_pages
+    from loomrt.library_pages import SMAPS, read_mappings, release_library_pages
 
     def resident(name):
-        total, inside = 0, False
-        for line in open("/proc/self/smaps"):
-            fields = line.split()
-            if not fields[0].endswith(":"):
-                inside = len(fields) > 5 and fields[5].rsplit("/", 1)[-1].startswith(name)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1]) * 1024
-        return total
+        return sum(m.rss for m in read_mappings(SMAPS.read_text()) if Path(m.path).name.startswith(name))
 
     first = numba.njit(lambda a: (a * 2.0).sum())
     x = np.arange(1000, dtype=np.float64)
