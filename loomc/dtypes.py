@@ -45,6 +45,13 @@ class DType:
     block_elems: int = 0
     block_bytes: int = 0
     codes_offset: int = 0
+    # Panels: `panel_of`'s blocks with rows interleaved in groups of `panel_rows` (P). The
+    # storage array keeps its shape; the P rows of group g hold, per block b, P * block_bytes
+    # bytes: the P rows' scale fields (d, m) side by side, then the P rows' codes. Same bytes,
+    # another order: one stream per group, and one load gives the P rows' scales. Only the
+    # integer-dot motif reads it; only `repack` makes it.
+    panel_of: str | None = None
+    panel_rows: int = 0
 
     def __str__(self) -> str:
         return self.name
@@ -85,7 +92,13 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     _quantized("q4_0", block_bytes=18, codes_offset=2),
     _quantized("q4_1", block_bytes=20, codes_offset=4),
     _quantized("q8_0", block_bytes=34, codes_offset=2),
+    DType("q4_1x4", "quantized", None, None, host="uint8", kernel="uint8", compute=None, block_elems=32,
+          block_bytes=20, codes_offset=4, panel_of="q4_1", panel_rows=4),
 )}
+
+# Panel types: kernels cannot index them (a row's block b sits beside the other rows' blocks b,
+# not after its own block b - 1).
+PANEL_TYPES = tuple(d.name for d in DTYPES.values() if d.panel_of is not None)
 
 
 def names(*kinds: str) -> tuple[str, ...]:
@@ -120,4 +133,4 @@ def numpy_type(name: str) -> type:
     return getattr(np, name)
 
 
-__all__ = ["DTYPES", "DType", "KINDS", "is_float", "is_int", "is_unsigned", "names", "numpy_type"]
+__all__ = ["DTYPES", "DType", "KINDS", "PANEL_TYPES", "is_float", "is_int", "is_unsigned", "names", "numpy_type"]

@@ -130,8 +130,31 @@ def compile_module(checked: CheckedProgram, name: str, components: tuple[str, ..
         plans = {c: lower_prepare(checked, checked.roles.get(f"prepare.{c}", [])) for c in components}
     else:
         plans = {"primary": prepare_plan(checked)}
+    _check_params_agree(commands, plans)
     return CompiledModule(name, stages, commands, plans, states, _configs(checked), compile_program(checked),
                           dict(checked.sources))
+
+
+def _check_params_agree(commands: dict[str, CommandPlan], plans: dict) -> None:
+    """A command's param must be prepared with its type. The runtime binds prepared params by
+    name, and two storages can share a numpy shape (q4_1 and its q4_1x4 panels), so a document
+    whose prepare files declare another `wqkv` than the one the sources `use` would run on
+    bytes in the wrong order; refuse it here, where both declarations are known."""
+    prepared: dict[str, list] = {}
+    for plan in plans.values():   # each component's own params (two may share a name)
+        for p in plan.params:
+            prepared.setdefault(p.name, []).append(p)
+    for command in commands.values():
+        for spec in command.params.values():
+            dims = tuple(int(d.constant) for d in spec.dims) if spec.dims is not None else ()
+            declared = prepared.get(spec.name, [])
+            if declared and all((p.dtype, p.dims) != (spec.dtype, dims) for p in declared):
+                given = declared[0]
+                where = given.source or command.source
+                raise LoweringError(where.path, ast.Span(where.line, 1, where.line, 1),
+                                    f"command '{command.name}' reads param '{spec.name}' as "
+                                    f"{spec.dtype}[{', '.join(map(str, dims))}], but the prepare files declare "
+                                    f"{given.declared}: the sources `use` another declaration of it")
 
 
 def _configs(checked: CheckedProgram) -> dict[str, Any]:

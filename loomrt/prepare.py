@@ -15,7 +15,8 @@ Preparation functions: `checkpoint("name")` (family index `{l}` substituted),
 `transpose(t)` (axes reversed; numeric only), `cast(t, DTYPE)` (numeric; a quantized `t`
 is dequantized), `concat([...], axis)` (same dtype; quantized along any axis, the last in
 whole blocks), `reshape(t, [dims])` (same element count; quantized keeps whole blocks) and
-`quantize(t, QTYPE)` (from a float tensor, with `gguf.quants.quantize`). Each result must
+`quantize(t, QTYPE)` (from a float tensor, with `gguf.quants.quantize`) and `repack(t, PANEL)`
+(a q4_1 tensor's blocks reordered into q4_1x4's row panels: same bytes). Each result must
 match the declared type exactly, or a `PrepareError` names the param, the member and the
 checkpoint tensors, e.g. `param 'wq'[3] (blk.3.attn_q.weight): expected q4_1[576, 576],
 got q4_1[576, 512]`.
@@ -30,8 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from loomc.ir import module as ir
+from loomc.dtypes import DTYPES
 from loomc.lower.prepare import (Cast, Compute, Concat, Constant, FromCheckpoint, ParamPlan, Prep, PreparePlan,
-                                 Quantize, Reshape, Transpose)
+                                 Quantize, Repack, Reshape, Transpose)
 from loomrt.checkpoints import Checkpoint
 from loomrt.errors import CheckpointError, LoomError, PrepareError, run_errors
 from loomc.run.launch import STORAGE
@@ -67,8 +69,42 @@ class _Failure(Exception):
     """Raised inside one param's preparation; `prepare_params` adds which param it was."""
 
 
+def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarray:
+    """The storage of a `dtype.panel_of` tensor (uint8 `[..., N, bytes]`) in `dtype`'s panel
+    order (forward), or back in plain row order: per group of P rows and per block, the P
+    rows' scale fields side by side, then their codes. A new array; the same bytes."""
+    d = DTYPES[dtype]
+    p, size, head = d.panel_rows, d.block_bytes, d.codes_offset
+    *lead, rows, width = array.shape
+    groups, blocks = rows // p, width // size
+    plain_shape = (*lead, groups, p, blocks, size)
+    out = np.empty(array.shape, np.uint8)
+    if forward:
+        rowwise = array.reshape(plain_shape)
+        panel = out.reshape(*lead, groups, blocks, p * size)
+        panel[..., :p * head] = np.swapaxes(rowwise[..., :head], -3, -2).reshape(*lead, groups, blocks, p * head)
+        panel[..., p * head:] = np.swapaxes(rowwise[..., head:], -3, -2).reshape(*lead, groups, blocks, -1)
+    else:
+        panel = array.reshape(*lead, groups, blocks, p * size)
+        rowwise = out.reshape(plain_shape)
+        rowwise[..., :head] = np.swapaxes(panel[..., :p * head].reshape(*lead, groups, blocks, p, head), -3, -2)
+        rowwise[..., head:] = np.swapaxes(panel[..., p * head:].reshape(*lead, groups, blocks, p, size - head), -3, -2)
+    return out
+
+
+def _repack(v: Value, dtype: str) -> Value:
+    d = DTYPES[dtype]
+    if v.dtype != d.panel_of:
+        raise _Failure(f"repack to {dtype} takes a {d.panel_of} tensor, got {v}")
+    if len(v.shape) < 2 or v.shape[-2] % d.panel_rows:
+        raise _Failure(f"repack to {dtype} needs a second-last dimension that is a multiple of {d.panel_rows}, got {v}")
+    return Value(dtype, panel_order(np.ascontiguousarray(v.array), dtype))
+
+
 def _to_float(v: Value) -> np.ndarray:
     """A float array of the same logical shape (quantized blocks dequantized, bf16 widened)."""
+    if DTYPES[v.dtype].panel_of is not None:
+        return _to_float(Value(DTYPES[v.dtype].panel_of, panel_order(v.array, v.dtype, forward=False)))
     if v.dtype in QUANT:
         from gguf.quants import dequantize
         return dequantize(v.array, _gguf_type(v.dtype))
@@ -118,6 +154,8 @@ def _concat(values: list[Value], axis: int) -> Value:
     if not -n <= axis < n:
         raise _Failure(f"concat axis {axis} is outside the {n} dimensions of {values[0]}")
     axis %= n
+    if DTYPES[values[0].dtype].panel_of is not None and axis == n - 1:
+        raise _Failure(f"concat of {values[0].dtype} along its last axis would split its panels; concat before repack")
     for v in values[1:]:
         if any(a != b for i, (a, b) in enumerate(zip(v.shape, values[0].shape)) if i != axis):
             raise _Failure(f"concat along axis {axis}: {values[0]} and {v} differ in another dimension")
@@ -129,6 +167,8 @@ def _reshape(v: Value, dims: list[int]) -> Value:
     count = int(np.prod(v.shape, dtype=np.int64))
     if int(np.prod(dims, dtype=np.int64)) != count:
         raise _Failure(f"cannot reshape {v} ({count} elements) to [{', '.join(map(str, dims))}]")
+    if DTYPES[v.dtype].panel_of is not None:
+        raise _Failure(f"cannot reshape {v}: its rows are interleaved in panels; reshape before repack")
     if v.dtype in QUANT:
         if not dims or dims[-1] % BLOCK:
             raise _Failure(f"cannot reshape {v} to [{', '.join(map(str, dims))}]: {v.dtype} keeps whole blocks "
@@ -194,6 +234,8 @@ class _Member:
             return _cast(self.eval(e.source), e.dtype)
         if isinstance(e, Quantize):
             return _quantize(self.eval(e.source), e.dtype)
+        if isinstance(e, Repack):
+            return _repack(self.eval(e.source), e.dtype)
         if isinstance(e, Concat):
             return _concat([self.eval(item) for item in e.sources], e.axis)
         if isinstance(e, Reshape):
@@ -249,4 +291,4 @@ def _prepare_one(param: ParamPlan, checkpoint: Checkpoint, index: int | None, ke
     return np.ascontiguousarray(array)
 
 
-__all__ = ["Value", "prepare_params"]
+__all__ = ["Value", "panel_order", "prepare_params"]

@@ -58,10 +58,12 @@ class Kind(Enum):
 
 # ---- enum tables (append-only) ------------------------------------------------------------------
 
-SCALAR_TYPES = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
-                "f16", "bf16", "f32", "f64", "q4_0", "q4_1", "q8_0")
+_FIRST_SCALAR_TYPES = ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
+                       "f16", "bf16", "f32", "f64", "q4_0", "q4_1", "q8_0")
 DYN_TYPES = ("any", "int", "float", "str", "bytes", "list", "map")
-TYPE_NAMES = SCALAR_TYPES + DYN_TYPES
+_LATER_SCALAR_TYPES = ("q4_1x4",)   # appended to both tables below, so earlier codes keep their meaning
+SCALAR_TYPES = _FIRST_SCALAR_TYPES + _LATER_SCALAR_TYPES
+TYPE_NAMES = _FIRST_SCALAR_TYPES + DYN_TYPES + _LATER_SCALAR_TYPES
 BINARY_OPS = ("||", "&&", "==", "!=", "<", "<=", ">", ">=", "|", "^", "&", "<<", ">>", "+", "-", "*", "/", "%")
 UNARY_OPS = ("-", "!", "~")
 ASSIGN_OPS = ("=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=")

@@ -261,6 +261,15 @@ class Core:
                 self.error(info, t.dims[-1].span, "L0405",
                            f"{t.dtype} stores blocks of {block} along the last dimension; {last} is not a multiple")
                 return None
+        panel = T.PANEL_ROWS.get(t.dtype)
+        if panel:
+            rows = dims[-2].constant if len(dims) >= 2 else None
+            if len(dims) < 2 or (rows is not None and rows % panel):
+                self.error(info, (t.dims[-2] if len(t.dims) >= 2 else t).span, "L0405",
+                           f"{t.dtype} interleaves rows in groups of {panel}: it needs at least two dimensions, "
+                           f"and the second-last a multiple of {panel}"
+                           + (f"; {rows} is not" if rows is not None else ""))
+                return None
         return tensor
 
 

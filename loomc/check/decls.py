@@ -73,7 +73,7 @@ def check_state(core: Core, info: ModuleInfo, s: ast.State) -> None:
 
 
 class PrepareChecker:
-    """Weight preparation: checkpoint(...) composed with transpose, cast, concat, reshape, quantize."""
+    """Weight preparation: checkpoint(...) composed with transpose, cast, concat, reshape, quantize, repack."""
 
     def __init__(self, core: Core, info: ModuleInfo, family_var: str | None):
         self.core, self.info, self.family_var = core, info, family_var
@@ -128,8 +128,8 @@ class PrepareChecker:
 
     def tensor(self, e: ast.Expr) -> None:
         if not isinstance(e, ast.Call) or not isinstance(e.callee, ast.Name):
-            self.error(e.span, "a param is prepared by checkpoint(...), transpose, cast, concat, reshape, quantize "
-                               "or compute")
+            self.error(e.span, "a param is prepared by checkpoint(...), transpose, cast, concat, reshape, quantize, "
+                               "repack or compute")
             return
         name, args = e.callee.name, e.args
         if name == "compute":
@@ -139,7 +139,7 @@ class PrepareChecker:
             self.error(e.callee.span, f"unknown preparation '{name}'",
                        code="L0200" if self.core.lookup(self.info, name) is None else "L0604")
             return
-        arity = {"checkpoint": 1, "transpose": 1, "cast": 2, "concat": 2, "reshape": 2, "quantize": 2}[name]
+        arity = {"checkpoint": 1, "transpose": 1, "cast": 2, "concat": 2, "reshape": 2, "quantize": 2, "repack": 2}[name]
         if len(args) != arity:
             self.error(e.span, f"{name} takes {arity} argument{'s' * (arity != 1)}, got {len(args)}", code="L0302")
             return
@@ -150,10 +150,16 @@ class PrepareChecker:
         elif name in ("cast", "quantize"):
             self.tensor(args[0])
             t = args[1]
-            ok = isinstance(t, ast.TypeName) and t.name in (T.QUANT_TYPES if name == "quantize" else T.NUMERIC_TYPES)
+            plain_quant = tuple(q for q in T.QUANT_TYPES if q not in T.PANEL_ROWS)
+            ok = isinstance(t, ast.TypeName) and t.name in (plain_quant if name == "quantize" else T.NUMERIC_TYPES)
             if not ok:
                 self.error(t.span, f"{name} takes a {'block-quantized' if name == 'quantize' else 'numeric'} type, "
                                    f"e.g. {'q8_0' if name == 'quantize' else 'f32'}")
+        elif name == "repack":
+            self.tensor(args[0])
+            t = args[1]
+            if not (isinstance(t, ast.TypeName) and t.name in T.PANEL_ROWS):
+                self.error(t.span, f"repack takes a panel type: {', '.join(T.PANEL_ROWS)}")
         elif name == "concat":
             if not isinstance(args[0], ast.ListLit) or not args[0].items:
                 self.error(args[0].span, "concat takes a non-empty list of tensors and an axis")

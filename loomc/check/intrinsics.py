@@ -20,7 +20,7 @@ KERNEL_MATH: dict[str, tuple[str, int]] = {
 # Command motifs provided by the compiler as intrinsics (`matmul`, `matmul_f16`, `bmm`: loomc/lower/matmul.py;
 # `conv3x3`: loomc/lower/conv3x3.py; `attention`: loomc/lower/attention.py; `attention_paged`, `attention_paged_f16v`:
 # loomc/lower/paged_attention.py; `matmul_q4_1_i16`,
-# `matmul_q8_0_i16`: loomc/lower/qdot.py; `matmul_i8`: loomc/lower/i8gemm.py), declared in `.loom` signature syntax so shapes are checked exactly
+# `matmul_q8_0_i16`, `matmul_q4_1x4_i16`: loomc/lower/qdot.py; `matmul_i8`: loomc/lower/i8gemm.py), declared in `.loom` signature syntax so shapes are checked exactly
 # like calls to `.loom` kernels (conv3x3's K = 9 C and TO, which depend on its scalars, at dispatch).
 COMMAND_MOTIFS_SOURCE = """
 stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
@@ -32,6 +32,7 @@ stage attention_paged(q: f32[T, QD], rows: i32[T], positions: i32[T], page_table
 stage attention_paged_f16v(q: f32[T, QD], rows: i32[T], positions: i32[T], page_table: i32[R, P], k_cache: f32[N, L, S, KD], v_cache: f16[N, L, S, KD], layer: i64, heads: i64, kv_heads: i64, scale: f32, out o: f32[T, QD])
 stage matmul_q4_1_i16(x: f32[T, K], w: q4_1[N, K], out y: f32[T, N])
 stage matmul_q8_0_i16(x: f32[T, K], w: q8_0[N, K], out y: f32[T, N])
+stage matmul_q4_1x4_i16(x: f32[T, K], w: q4_1x4[N, K], out y: f32[T, N])
 stage matmul_i8(a: f32[M, K], b: i8[NB, KQ, 64], scale: f32[1], out c: f32[M, N])
 """
 
@@ -73,7 +74,7 @@ CONTROL_HOST: dict[str, tuple[tuple[str, ...], str]] = {
 CONTROL_CONVERSIONS = ("int", "float", "str", "bool")
 
 # Weight-preparation functions allowed in `param` initialisers.
-PREPARE_FUNCTIONS = ("checkpoint", "transpose", "cast", "concat", "reshape", "quantize", "compute")
+PREPARE_FUNCTIONS = ("checkpoint", "transpose", "cast", "concat", "reshape", "quantize", "repack", "compute")
 
 # Host dimension in front of each state scope. The angle brackets keep it apart from any
 # name a program can write, so it never unifies with an unrelated per-call symbol.

@@ -403,6 +403,10 @@ class KernelChecker:
             if tensor.dtype in T.QUANT_TYPES:
                 self.error(e.span, "L0307", f"{tensor.dtype} tensors are read-only in kernels")
                 raise KernelError
+        if tensor.dtype in T.PANEL_ROWS:
+            self.error(e.span, "L0307", f"{tensor.dtype} interleaves its rows in panels: kernels cannot index it "
+                                        f"(the integer-dot motif reads it)")
+            raise KernelError
         if tensor.dtype in T.QUANT_TYPES:
             return T.F32  # typed indexing of block storage dequantizes the element
         return T.Scalar(tensor.dtype)

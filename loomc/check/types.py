@@ -24,6 +24,8 @@ BITS = {t: DTYPES[t].bits for t in NUMERIC_TYPES}
 INT_RANGES = {t: DTYPES[t].range for t in INT_TYPES}
 # GGUF block geometry: elements per block along the last dimension.
 QUANT_BLOCK = {t: DTYPES[t].block_elems for t in QUANT_TYPES}
+# Panel types: rows per interleaved group (the second-last dimension is a multiple of it).
+PANEL_ROWS = {t: DTYPES[t].panel_rows for t in QUANT_TYPES if DTYPES[t].panel_of is not None}
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,14 @@ class Quantize:
 
 
 @dataclass(frozen=True)
+class Repack:
+    """`repack(t, PANEL)`: `t`'s blocks reordered into `PANEL`'s row panels (loomc/dtypes.py)."""
+
+    source: "Prep"
+    dtype: str
+
+
+@dataclass(frozen=True)
 class Concat:
     sources: tuple["Prep", ...]
     axis: int
@@ -75,7 +83,7 @@ class Compute:
     args: tuple[Union["Prep", Constant], ...]
 
 
-Prep = Union[FromCheckpoint, Transpose, Cast, Quantize, Concat, Reshape, Compute]
+Prep = Union[FromCheckpoint, Transpose, Cast, Quantize, Repack, Concat, Reshape, Compute]
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,8 @@ def _lower(core, info: ModuleInfo, e: ast.Expr, kernels: dict[str, ir.KernelGrou
         return Cast(_lower(core, info, args[0], kernels), args[1].name)
     if fn == "quantize":
         return Quantize(_lower(core, info, args[0], kernels), args[1].name)
+    if fn == "repack":
+        return Repack(_lower(core, info, args[0], kernels), args[1].name)
     if fn == "concat":
         return Concat(tuple(_lower(core, info, item, kernels) for item in args[0].items),
                       int(core.const_eval(info, args[1])[0]))
@@ -183,5 +193,5 @@ def _lower(core, info: ModuleInfo, e: ast.Expr, kernels: dict[str, ir.KernelGrou
     raise ValueError(f"unknown preparation '{fn}' (the program did not check)")
 
 
-__all__ = ["Cast", "Compute", "Concat", "Constant", "FromCheckpoint", "ParamPlan", "Prep", "PreparePlan", "Quantize", "Reshape",
-           "Transpose", "lower_prepare", "prepare_plan"]
+__all__ = ["Cast", "Compute", "Concat", "Constant", "FromCheckpoint", "ParamPlan", "Prep", "PreparePlan", "Quantize", "Repack",
+           "Reshape", "Transpose", "lower_prepare", "prepare_plan"]

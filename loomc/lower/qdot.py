@@ -2,6 +2,7 @@
 
     matmul_q4_1_i16(x: f32[T, K], w: q4_1[N, K], out y: f32[T, N])
     matmul_q8_0_i16(x: f32[T, K], w: q8_0[N, K], out y: f32[T, N])
+    matmul_q4_1x4_i16(x: f32[T, K], w: q4_1x4[N, K], out y: f32[T, N])   (q4_1 blocks in row panels)
 
 y = x . w^T with the activations quantized to 16-bit integer codes first, then integer dot
 products with the weights' own 4- or 8-bit codes (llama.cpp's `vec_dot_q4_1_q8_1` is the same
@@ -40,7 +41,16 @@ port that shuffles 512-bit vectors (joining the unpacked nibbles, broadcasting t
 and the halves were 15-25 % faster per core. AMD Zen 5 shuffles 512-bit vectors on more than
 one pipe, and there the 512-bit form was 5-20 % faster at T = 1 (docs/performance.md).
 
-Every row of w asks for the cache line PREFETCH_BYTES ahead of the block it reads. Decode
+Panels (`q4_1x4`, loomc/dtypes.py): a task's 4 rows of w are one panel, so per block they
+are one span of 80 bytes (the 4 rows' (d, m), then their codes) instead of 4 streams. With
+one row of x, the 4 pairs are one vector: one conversion, one multiply by dx (the 4 products
+dw * dx in its even lanes) and one fma into the minimum sums (the odd lanes), where plain
+rows take a conversion, a multiply, a broadcast and a scalar fma each. The same products and
+fmas lane by lane, so the bits of matmul_q4_1_i16. Decode (scout's 120 matvecs a step) ran
+1.14-1.37x faster with 2 threads on the Zen 5 machine.
+
+Every row of w asks for the cache line PREFETCH_BYTES ahead of the block it reads (a panel:
+each line of its span, once). Decode
 streams each weight once per step from memory (scout's 96 MB against a 32 MB last-level
 cache on the Zen 5 machine); there the hardware prefetchers alone kept a thread's stream at
 7-8 GB/s, and the hint made the q8_0 LM head 3-4x faster on cold weights.
@@ -53,14 +63,17 @@ from pathlib import Path
 import numpy as np
 
 from loomc import LOOMC_VERSION
+from loomc.dtypes import DTYPES
 from loomc.ir.module import QUANT_BLOCK_BYTES, QUANT_BLOCK_ELEMS
 from loomc.lower.attention import VECTOR_LOOP_SOURCE
 
 # The motifs this module serves: name -> the weights' dtype.
-MOTIFS = {"matmul_q4_1_i16": "q4_1", "matmul_q8_0_i16": "q8_0"}
+MOTIFS = {"matmul_q4_1_i16": "q4_1", "matmul_q8_0_i16": "q8_0", "matmul_q4_1x4_i16": "q4_1x4"}
 BLOCK = QUANT_BLOCK_ELEMS                   # elements per GGUF block, and per activation scale
 BLOCK_BYTES = {dtype: QUANT_BLOCK_BYTES[dtype] for dtype in MOTIFS.values()}   # bytes per weight block
 ROWS = 4                                    # rows of w per task: one activation load serves them
+PANEL_ROWS = {dtype: DTYPES[dtype].panel_rows for dtype in MOTIFS.values()}   # rows per panel (0: plain rows)
+assert all(p in (0, ROWS) for p in PANEL_ROWS.values()), "a task's rows of w are one panel"
 PREFETCH_BYTES = 16384                      # how far ahead of each row's block its cache line is asked for
 
 
@@ -340,6 +353,10 @@ def _lm_dot_codegen(rows, tokens):
                                                  llir.Constant(i32, 0)), 0, width)
         block_bytes = llir.Constant(i64, BLOCK_BYTES)
         row_starts = [builder.gep(weights, [builder.mul(rb, llir.Constant(i64, r))]) for r in range(rows)]
+        panel_vector = bool(PANEL) and Q4 and rows == PANEL and tokens == 1
+        if PANEL:   # the tile's first row of w is row `within` of the panel that starts at panel_start
+            within = builder.srem(builder.sdiv(w_off, rb), llir.Constant(i64, PANEL))
+            panel_start = builder.gep(weights, [builder.neg(builder.mul(within, rb))])
         pairs = rows * tokens   # accumulators in order r * tokens + u; then a vector of minimum sums per r
 
         def block_scales(b, vector):
@@ -353,10 +370,40 @@ def _lm_dot_codegen(rows, tokens):
                     builder.load(builder.bitcast(builder.gep(sums, [at_b]), vt.as_pointer()), align=4) if Q4 else None)
 
         def weight_block(r, b):
-            # (byte pointer to block b of the tile's row r of w, its scale and q4_1 minimum as f32)
-            at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
-            _lm_prefetch(builder, at, PREFETCH_BYTES)
-            return at, _lm_halves(builder, at, 2 if Q4 else 1)
+            # (byte pointer to the codes of block b of the tile's row r of w, its scale and q4_1
+            # minimum as f32). In panels, block b of the panel's rows is one span of PANEL blocks:
+            # their scale fields, then their codes; it is asked for once, by the tile's first row
+            if not PANEL:
+                at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
+                _lm_prefetch(builder, at, PREFETCH_BYTES)
+                return builder.gep(at, [llir.Constant(i64, CODES_OFFSET)]), _lm_halves(builder, at, 2 if Q4 else 1)
+            span = builder.gep(panel_start, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
+            if r == 0:
+                for line in range(0, PANEL * BLOCK_BYTES, 64):
+                    _lm_prefetch(builder, span, PREFETCH_BYTES + line)
+            row = builder.add(within, llir.Constant(i64, r))
+            head = builder.gep(span, [builder.mul(row, llir.Constant(i64, CODES_OFFSET))])
+            codes_at = builder.gep(span, [builder.add(llir.Constant(i64, PANEL * CODES_OFFSET),
+                                                      builder.mul(row, llir.Constant(i64, BLOCK_BYTES - CODES_OFFSET)))])
+            return codes_at, (_lm_halves(builder, head, 2) if not panel_vector else None)
+
+        def panel_scales(b, dx, sx, mins):
+            # a whole panel's scale fields at once (T = 1, the task's rows = the panel): the
+            # PANEL (d, m) pairs of block b as one vector of 2 * PANEL floats; d * dx in the even
+            # lanes, the minimum sums fma(m, s, mins) in the odd ones: the contract's products
+            # and fmas, lane by lane
+            span = builder.gep(panel_start, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
+            pairs_t = llir.VectorType(f32, 2 * PANEL)
+            raw = builder.load(builder.bitcast(span, llir.VectorType(llir.HalfType(), 2 * PANEL).as_pointer()), align=1)
+            if _lm_target_has("f16c"):
+                fields = builder.fpext(raw, pairs_t)
+            else:
+                fields = llir.Constant(pairs_t, None)
+                for i in range(2 * PANEL):
+                    value = _lm_half(builder, builder.gep(span, [llir.Constant(i64, 2 * i)]))
+                    fields = builder.insert_element(fields, value, llir.Constant(i32, i))
+            fma_p = _lm_ir_function(builder, "llvm.fma.v%df32" % (2 * PANEL), pairs_t, [pairs_t, pairs_t, pairs_t])
+            return builder.fmul(fields, splat(dx, 2 * PANEL)), builder.call(fma_p, [fields, splat(sx, 2 * PANEL), mins])
 
         def half_block(b, values):
             # each block as two halves of 16 elements in <8 x f32> accumulators (lanes 0..7 and
@@ -369,19 +416,23 @@ def _lm_dot_codegen(rows, tokens):
                                                 v16s.as_pointer()), align=2) for h in range(2)] for u in range(tokens)]
             dx, sx = block_scales(b, tokens > 1)
             new_accs, new_mins = [], []
+            if panel_vector:
+                products, panel_mins = panel_scales(b, dx, sx, mins[0])
+                new_mins.append(panel_mins)
             for r in range(rows):
                 at, halves = weight_block(r, b)
                 if Q4:
-                    raw = builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 4)]), v16b.as_pointer()),
-                                       align=1)
+                    raw = builder.load(builder.bitcast(at, v16b.as_pointer()), align=1)
                     wide = builder.zext(raw, v16s)
                     wq = [builder.and_(wide, llir.Constant(v16s, [15] * 16)),
                           builder.lshr(wide, llir.Constant(v16s, [4] * 16))]
                 else:
-                    wq = [builder.sext(builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 2 + 16 * h)]),
+                    wq = [builder.sext(builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 16 * h)]),
                                                                     v16b.as_pointer()), align=1), v16s)
                           for h in range(2)]
-                if tokens == 1:
+                if panel_vector:
+                    row_scales = [spread(products, 2 * r, 8)]
+                elif tokens == 1:
                     row_scales = [splat(builder.fmul(halves[0], dx), 8)]
                 else:
                     products = builder.fmul(splat(halves[0], tokens), dx)   # dw * dx of each row of x
@@ -391,7 +442,9 @@ def _lm_dot_codegen(rows, tokens):
                         p = _lm_dot8(builder, wq[h], xq[u][h])
                         new_accs.append(builder.call(fma8, [builder.sitofp(p, v8f), row_scales[u],
                                                             accs[(r * tokens + u) * 2 + h]]))
-                if Q4 and tokens == 1:
+                if panel_vector:
+                    pass
+                elif Q4 and tokens == 1:
                     new_mins.append(builder.call(fma1, [halves[1], sx, mins[r]]))
                 elif Q4:
                     new_mins.append(builder.call(fmat, [splat(halves[1], tokens), sx, mins[r]]))
@@ -402,6 +455,10 @@ def _lm_dot_codegen(rows, tokens):
             xs = [builder.load(builder.bitcast(builder.gep(codes[u], [builder.mul(b, llir.Constant(i64, 32))]),
                                                v32s.as_pointer()), align=2) for u in range(tokens)]
             sx = block_scales(b, True)[1]
+            new_accs, new_mins = [], []
+            if panel_vector:
+                products, panel_mins = panel_scales(b, *block_scales(b, False), mins[0])
+                new_mins.append(panel_mins)
             # dw * dx of each (row of w, row of x) as 16 lanes: dx broadcast from memory (a load,
             # not a shuffle) once per row of x, dw once per row of w, one multiply per pair. A
             # 4-lane product spread to 16 lanes per pair queued on the shuffle port (the q8_0 LM
@@ -409,43 +466,44 @@ def _lm_dot_codegen(rows, tokens):
             at_b = builder.mul(b, stride)
             dx16 = [splat(builder.load(builder.gep(scales, [builder.add(at_b, llir.Constant(i64, u))]), align=4), 16)
                     for u in range(tokens)]
-            new_accs, new_mins = [], []
             for r in range(rows):
                 at, halves = weight_block(r, b)
-                dw = splat(halves[0], 16)
+                dw = None if panel_vector else splat(halves[0], 16)
                 if Q4:
-                    raw = builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 4)]), v16b.as_pointer()),
-                                       align=1)
+                    raw = builder.load(builder.bitcast(at, v16b.as_pointer()), align=1)
                     # the 16 bytes twice (a broadcast load), widened once; then the low nibbles
                     # in elements 0..15, the high in 16..31 (one shuffle per block, not two)
                     twice = builder.zext(builder.shuffle_vector(raw, raw, llir.Constant(llir.VectorType(i32, 32),
                                                                                         list(range(16)) * 2)), v32s)
                     wq = builder.and_(builder.lshr(twice, llir.Constant(v32s, [0] * 16 + [4] * 16)),
                                       llir.Constant(v32s, [15] * 32))
-                    mw = halves[1]
                 else:
-                    wq = builder.sext(builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 2)]),
-                                                                   v32b.as_pointer()), align=1), v32s)
+                    wq = builder.sext(builder.load(builder.bitcast(at, v32b.as_pointer()), align=1), v32s)
                 for u, xq in enumerate(xs):
                     p = _lm_dot16(builder, wq, xq)
-                    new_accs.append(builder.call(fma16, [builder.sitofp(p, v16f), builder.fmul(dw, dx16[u]),
-                                                         accs[r * tokens + u]]))
-                if Q4:
-                    new_mins.append(builder.call(fmat, [splat(mw, tokens), sx, mins[r]]))
+                    scale = spread(products, 2 * r, 16) if panel_vector else builder.fmul(dw, dx16[u])
+                    new_accs.append(builder.call(fma16, [builder.sitofp(p, v16f), scale, accs[r * tokens + u]]))
+                if Q4 and not panel_vector:
+                    new_mins.append(builder.call(fmat, [splat(halves[1], tokens), sx, mins[r]]))
             return new_accs + new_mins
 
         zero16, zeros = llir.Constant(v16f, [0.0] * 16), llir.Constant(vt, [0.0] * tokens)
         split = _lm_target_has("avx2") and (not _lm_target_has("avx512bw")
                                             or (tokens == 1 and not _lm_fast_wide_shuffles()))
+        # the minimum sums: one per row of w (a scalar at T = 1, else a vector over rows of x),
+        # or a whole panel's in one vector (its odd lanes)
+        panel_zeros = llir.Constant(llir.VectorType(f32, 2 * PANEL), [0.0] * (2 * PANEL)) if PANEL else None
         if split:
             minimum = llir.Constant(f32, 0.0) if tokens == 1 else zeros
-            values = _lm_vector_loop(builder, blocks, [llir.Constant(v8f, [0.0] * 8)] * (2 * pairs)
-                                     + [minimum] * (rows if Q4 else 0), half_block)
+            minimums = [panel_zeros] if panel_vector else [minimum] * (rows if Q4 else 0)
+            values = _lm_vector_loop(builder, blocks, [llir.Constant(v8f, [0.0] * 8)] * (2 * pairs) + minimums,
+                                     half_block)
             values = [builder.fadd(values[2 * i], values[2 * i + 1]) for i in range(pairs)] + [
-                builder.insert_element(zeros, m, llir.Constant(i32, 0)) if tokens == 1 else m
+                builder.insert_element(zeros, m, llir.Constant(i32, 0)) if tokens == 1 and not panel_vector else m
                 for m in values[2 * pairs:]]
         else:
-            values = _lm_vector_loop(builder, blocks, [zero16] * pairs + [zeros] * (rows if Q4 else 0), block)
+            minimums = [panel_zeros] if panel_vector else [zeros] * (rows if Q4 else 0)
+            values = _lm_vector_loop(builder, blocks, [zero16] * pairs + minimums, block)
         for r in range(rows):
             for u in range(tokens):
                 v = values[r * tokens + u]
@@ -459,7 +517,9 @@ def _lm_dot_codegen(rows, tokens):
                                  builder.shuffle_vector(v, v, llir.Constant(llir.VectorType(i32, 2), [2, 3])))
                 s = builder.fadd(builder.extract_element(v, llir.Constant(i32, 0)),
                                  builder.extract_element(v, llir.Constant(i32, 1)))
-                if Q4:
+                if panel_vector:
+                    s = builder.fadd(s, builder.extract_element(values[pairs], llir.Constant(i32, 2 * r + 1)))
+                elif Q4:
                     s = builder.fadd(s, builder.extract_element(values[pairs + r], llir.Constant(i32, u)))
                 at = builder.add(builder.mul(width, llir.Constant(i64, u)), llir.Constant(i64, r))
                 builder.store(s, builder.gep(out, [at]), align=4)
@@ -499,7 +559,9 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
               f"# motif {motif}: y = x . w^T, {dtype} w against x quantized to 16-bit codes per block of 32, "
               f"integer dot products (loomc/lower/qdot.py)\n")
     tile_rows, tile_tokens = tile_shape()
-    constants = f"ROWS = {ROWS}\nPREFETCH_BYTES = {PREFETCH_BYTES}\nTILE_ROWS = {tile_rows}\nTOKENS = {tile_tokens}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\nQ4 = {dtype == 'q4_1'}\n"
+    constants = (f"ROWS = {ROWS}\nPREFETCH_BYTES = {PREFETCH_BYTES}\nTILE_ROWS = {tile_rows}\nTOKENS = {tile_tokens}\n"
+                 f"BLOCK_BYTES = {BLOCK_BYTES[dtype]}\nCODES_OFFSET = {DTYPES[dtype].codes_offset}\n"
+                 f"Q4 = {dtype in ('q4_1', 'q4_1x4')}\nPANEL = {PANEL_ROWS[dtype]}\n")
     driver = _DRIVER.replace("FUNCTION", function_name(motif))
     return header + IMPORTS + "\n" + constants + VECTOR_LOOP_SOURCE + _INTRINSICS + "\n" + driver
 
@@ -518,6 +580,8 @@ def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
     n = w.shape[0]
     if k % BLOCK or w.shape != (n, k // BLOCK * BLOCK_BYTES[MOTIFS[motif]]) or y.shape != (t, n):
         raise ValueError(f"x {x.shape}, w {w.shape} (block bytes), y {y.shape} do not make y = x . w^T")
+    if PANEL_ROWS[MOTIFS[motif]] and n % PANEL_ROWS[MOTIFS[motif]]:
+        raise ValueError(f"w {w.shape}: {MOTIFS[motif]} holds whole panels of {PANEL_ROWS[MOTIFS[motif]]} rows")
     if not (x.flags.c_contiguous and w.flags.c_contiguous and y.flags.c_contiguous):
         raise ValueError("x, w and y must be contiguous")
     if workspace.size < workspace_elems(t, k):   # the driver writes the codes there by address
@@ -527,8 +591,9 @@ def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
 
 def argument_examples(motif: str = "matmul_q4_1_i16") -> tuple:
     """One value of each argument's exact type as dispatch passes them, for compiling ahead."""
-    return (np.zeros((1, BLOCK), np.float32), np.zeros((1, BLOCK_BYTES[MOTIFS[motif]]), np.uint8),
-            np.zeros((1, 1), np.float32), np.zeros(workspace_elems(1, BLOCK), np.float32))
+    rows = max(1, PANEL_ROWS[MOTIFS[motif]])
+    return (np.zeros((1, BLOCK), np.float32), np.zeros((rows, BLOCK_BYTES[MOTIFS[motif]]), np.uint8),
+            np.zeros((1, rows), np.float32), np.zeros(workspace_elems(1, BLOCK), np.float32))
 
 
 def load_function(motif: str = "matmul_q4_1_i16", cache_dir: Path | None = None):

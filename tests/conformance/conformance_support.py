@@ -126,7 +126,7 @@ def encoder_document(directory: Path, name: str = "encoder", *, rows: int = 2, c
 
     encoder = REPO / "samples" / "encoder"
     doc = {"model": name, "kind": "sequence", "control": str(encoder / "control.loom"),
-           "prepare": str(SCOUT / "prepare.loom"), "sources": [str(encoder / "encoder.loom")],
+           "prepare": str(encoder / "prepare.loom"), "sources": [str(encoder / "encoder.loom")],
            "checkpoint": GGUF, "rows": rows, "context_length": context_length,
            "pool_capacity": rows * context_length, "config": {"step_tokens": step_tokens}, **fields}
     path = directory / f"{name}.json"

@@ -1,5 +1,7 @@
-"""The integer-dot motifs `matmul_q4_1_i16` and `matmul_q8_0_i16`: the contract of
-docs/language.md §11 bit for bit, its error against f32, batch invariance, every SIMD class.
+"""The integer-dot motifs `matmul_q4_1_i16`, `matmul_q8_0_i16` and `matmul_q4_1x4_i16`: the
+contract of docs/language.md §11 bit for bit, its error against f32, batch invariance, every
+SIMD class. `matmul_q4_1x4_i16` reads the same q4_1 blocks in row panels (`repack`), and must
+give `matmul_q4_1_i16`'s bits.
 
 The contract (loomc/lower/qdot.py): each 32-block of a row of x becomes 16-bit codes
 q = rint(x * (1 / d)) with d = max |x| / 32767 (and s = d * sum(q)); per block the exact
@@ -23,10 +25,11 @@ import pytest
 from loomc.check import load_files
 from loomc.lower import qdot
 from loomc.run.compile import compile_command
+from loomrt.prepare import panel_order
 from numerics_testlib import AVX2, AVX512, BASELINE, ZEN5, assert_same_bits_in_classes, f32_nearest, host_has, quantized
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qdot.loom"
-MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16"}
+MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16", "q4_1x4": "matmul_q4_1x4_i16"}
 
 # The SIMD classes compiled in a subprocess: no AVX (plain vector IR), AVX2 (vpmaddwd on ymm),
 # AVX-512 of 2017 (vpmaddwd on zmm, no VNNI or FP16; one row of x on ymm halves), and the same
@@ -34,6 +37,9 @@ MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16"}
 
 
 def run_motif(dtype: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """The motif of `dtype` on `blocks` (plain q4_1 blocks for q4_1x4: repacked here)."""
+    if dtype == "q4_1x4":
+        blocks = panel_order(blocks, dtype)
     y = np.zeros((x.shape[0], blocks.shape[0]), np.float32)
     workspace = np.zeros(qdot.workspace_elems(*x.shape), np.float32)
     qdot.load_function(MOTIF[dtype])(*qdot.launch_arguments(MOTIF[dtype], [x, blocks, y], workspace))
@@ -97,6 +103,15 @@ def test_bits_equal_the_contract(rng, dtype, t, k, n):
     np.testing.assert_array_equal(run_motif(dtype, x, blocks), contract(dtype, x, blocks))
 
 
+@pytest.mark.parametrize("t, k, n", [(1, 32, 4), (1, 576, 12), (3, 96, 8), (4, 64, 16), (9, 160, 24), (2, 1536, 4)])
+def test_panels_give_the_bits_of_plain_rows(rng, t, k, n):
+    # T = 1 reads a panel's scales as one vector; T > 1 goes through the tiles row by row
+    blocks, _ = quantized(rng, "q4_1", n, k)
+    x = (rng.standard_normal((t, k)) * 3).astype(np.float32)
+    x[0, :32] = 0
+    np.testing.assert_array_equal(run_motif("q4_1x4", x, blocks), contract("q4_1", x, blocks))
+
+
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
 def test_error_is_at_most_half_a_code_step(rng, dtype):
     # against y = x . dequantize(w)^T in float64: rounding x to codes moves each element by at
@@ -116,9 +131,10 @@ def test_error_is_at_most_half_a_code_step(rng, dtype):
     assert 0.005 < float(np.mean(np.abs(got - exact) / bound)) < 0.2
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q4_1x4"])
 def test_a_row_gives_the_same_bits_alone_or_batched(rng, dtype):
-    blocks, _ = quantized(rng, dtype, 23, 192)   # 5 tasks of 4 rows of w and a partial one
+    rows = 24 if dtype == "q4_1x4" else 23   # 5 tasks of 4 rows of w and a partial one (panels: whole)
+    blocks, _ = quantized(rng, "q4_1" if dtype == "q4_1x4" else dtype, rows, 192)
     x = (rng.standard_normal((11, 192)) * 2).astype(np.float32)
     batched = run_motif(dtype, x, blocks)
     for lo, hi in [(0, 1), (3, 4), (0, 4), (1, 6), (2, 11), (10, 11)]:
@@ -148,11 +164,13 @@ def test_launch_arguments_refuse_what_the_driver_cannot_read(rng):
         qdot.launch_arguments("matmul_q4_1_i16", [x, blocks, np.zeros((3, 8), np.float32)], ws[:-1])
     with pytest.raises(ValueError, match="do not make"):
         qdot.launch_arguments("matmul_q8_0_i16", [x, blocks, np.zeros((3, 8), np.float32)], ws)
+    with pytest.raises(ValueError, match="whole panels"):
+        qdot.launch_arguments("matmul_q4_1x4_i16", [x, blocks[:6], np.zeros((3, 6), np.float32)], ws)
 
 
 def compute_all(data: dict) -> dict:
-    """Both motifs on `data` (x and each dtype's blocks): run here and in the subprocesses."""
-    return {d: run_motif(d, data["x"], data[d]) for d in ("q4_1", "q8_0")}
+    """The motifs on `data` (x and each dtype's blocks): run here and in the subprocesses."""
+    return {d: run_motif(d, data["x"], data[d]) for d in ("q4_1", "q8_0", "q4_1x4")}
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
@@ -162,14 +180,16 @@ def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
     data = {"x": (rng.standard_normal((6, 96)) * 2).astype(np.float32)}   # 4 rows in tiles, 2 alone (T = 1's path)
     for dtype in ("q4_1", "q8_0"):
         data[dtype], _ = quantized(rng, dtype, 9, 96)
+    data["q4_1x4"], _ = quantized(rng, "q4_1", 12, 96)   # q4_1 blocks, repacked by run_motif
     assert_same_bits_in_classes(classes, "test_qdot_motif:compute_all", data, compute_all(data), tmp_path)
 
 
 @pytest.mark.skipif(not host_has("avx2"), reason="vpmaddwd is emitted for AVX2 and AVX-512 hosts")
-def test_the_hot_loop_uses_the_integer_dot_instruction(tmp_path):
+@pytest.mark.parametrize("motif", ["matmul_q4_1_i16", "matmul_q4_1x4_i16"])
+def test_the_hot_loop_uses_the_integer_dot_instruction(tmp_path, motif):
     import re
 
-    function = qdot.load_function("matmul_q4_1_i16", tmp_path)   # a fresh cache: numba keeps no asm for cached code
-    function(*qdot.argument_examples("matmul_q4_1_i16"))
+    function = qdot.load_function(motif, tmp_path)   # a fresh cache: numba keeps no asm for cached code
+    function(*qdot.argument_examples(motif))
     asm = function.inspect_asm(function.signatures[0])
     assert re.search(r"\bvpmaddwd\b", asm), "no vpmaddwd in the compiled motif"

@@ -18,9 +18,10 @@ from loomc.run import launch
 
 def test_table_order_and_kinds():
     assert list(DTYPES) == ["bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
-                            "f16", "bf16", "f32", "f64", "q4_0", "q4_1", "q8_0"]
+                            "f16", "bf16", "f32", "f64", "q4_0", "q4_1", "q8_0", "q4_1x4"]
     assert all(d.kind in dtypes.KINDS and d.name == name for name, d in DTYPES.items())
-    assert dtypes.names("quantized") == ("q4_0", "q4_1", "q8_0")
+    assert dtypes.names("quantized") == ("q4_0", "q4_1", "q8_0", "q4_1x4")
+    assert dtypes.PANEL_TYPES == ("q4_1x4",)
     with pytest.raises(ValueError, match="unknown dtype kind"):
         dtypes.names("complex")
 
@@ -46,7 +47,9 @@ def test_numpy_facts_agree_with_numpy():
 def test_quantized_blocks_agree_with_gguf():
     for name in dtypes.names("quantized"):
         d = DTYPES[name]
-        assert GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]] == (d.block_elems, d.block_bytes)
+        gguf_name = d.panel_of or name   # panels hold their plain type's blocks
+        assert GGML_QUANT_SIZES[GGMLQuantizationType[gguf_name.upper()]] == (d.block_elems, d.block_bytes)
+        assert d.codes_offset == DTYPES[gguf_name].codes_offset
         assert d.bits is None and d.compute is None and d.host == d.kernel == "uint8"
 
 
@@ -63,7 +66,8 @@ def test_derived_tables_agree():
     assert T.STORAGE_TYPES == tuple(DTYPES)
     assert T.BITS == ir.BITS == {t: DTYPES[t].bits for t in ir.DTYPES}
     assert T.QUANT_BLOCK == {t: ir.QUANT_BLOCK_ELEMS for t in ir.QUANT_DTYPES}
-    assert ir.QUANT_BLOCK_BYTES == {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+    assert ir.QUANT_BLOCK_BYTES == {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q4_1x4": 20}
+    assert T.PANEL_ROWS == {"q4_1x4": 4}
     assert T.INT_RANGES["i8"] == (-128, 127) and T.INT_RANGES["u64"] == (0, 2 ** 64 - 1)
     # The bytecode's type enum is append-only wire format, so it is spelled out, but it names
     # exactly the dtypes there are.

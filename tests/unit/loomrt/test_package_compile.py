@@ -74,3 +74,17 @@ def test_compile_error_in_a_member_names_member_line_and_column(tmp_path):
     assert f"model/model.loom:{line}:" in info.value.message
     assert "bias_missing" in info.value.message
     assert info.value.status == 422 and info.value.rendered()
+
+
+def test_prepare_files_that_declare_another_type_of_a_used_param_are_refused(tmp_path):
+    # model.loom `use`s prepare.loom's w (f32); the document prepares other.loom's w (f16): the
+    # runtime binds prepared params by name, so this would run on the wrong storage
+    other = (MINI / "prepare.loom").read_text().replace('param w: f32[dim, dim] = checkpoint("proj.weight")',
+                                                        'param w: f16[dim, dim] = cast(checkpoint("proj.weight"), f16)')
+    package = mini_package(**{"model/other.loom": other.encode()})
+    doc = parse_document(document("/x.safetensors", prepare="other.loom"), package=package, origin="model/request.json")
+    with pytest.raises(CompileError) as info:
+        compile_deployment(doc, package)
+    assert "model/other.loom:4:" in info.value.message
+    assert ("reads param 'w' as f32[8, 8], but the prepare files declare f16[8, 8]: the sources `use` another "
+            "declaration of it") in info.value.message

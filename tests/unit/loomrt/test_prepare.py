@@ -119,6 +119,21 @@ def test_reshape(tmp_path, rng):
     np.testing.assert_array_equal(out["q"], quantize(w.reshape(2, 128), Q.Q4_1))
 
 
+def test_repack_interleaves_rows_in_panels(tmp_path, rng):
+    w = f32(rng, 8, 64)
+    out = prepare(tmp_path, 'param p: q4_1x4[8, dim] = repack(quantize(checkpoint("w"), q4_1), q4_1x4)\n'
+                            'param d: f32[8, dim] = cast(repack(quantize(checkpoint("w"), q4_1), q4_1x4), f32)\n', {"w": w})
+    plain = quantize(w, Q.Q4_1).reshape(2, 4, 2, 20)   # 2 panels of 4 rows, 2 blocks of 20 bytes per row
+    assert out["p"].shape == (8, 40) and out["p"].dtype == np.uint8 and out["p"].flags.c_contiguous
+    panels = out["p"].reshape(2, 2, 80)                # per panel and block: 4 x (d, m), then 4 x 16 code bytes
+    for g in range(2):
+        for b in range(2):
+            for r in range(4):
+                assert bytes(panels[g, b, 4 * r:4 * r + 4]) == bytes(plain[g, r, b, :4])
+                assert bytes(panels[g, b, 16 + 16 * r:32 + 16 * r]) == bytes(plain[g, r, b, 4:])
+    np.testing.assert_array_equal(out["d"], dequantize(quantize(w, Q.Q4_1), Q.Q4_1))   # a cast reads panels back
+
+
 def test_composed_preparation(tmp_path, rng):
     w = f32(rng, 64, 4)
     out = prepare(tmp_path, 'param w: q8_0[rows, dim] = '
@@ -144,6 +159,15 @@ def test_missing_tensor(tmp_path, rng):
     assert e.message.startswith("param 'w'[2] (blk.2.w): checkpoint w.safetensors has no tensor 'blk.2.w'; "
                                 "did you mean ")
     assert e.param == "w"
+
+
+def test_repack_refusals(tmp_path, rng):
+    e = failure(tmp_path, 'param p: q4_1x4[4, dim] = repack(quantize(checkpoint("w"), q8_0), q4_1x4)\n',
+                {"w": f32(rng, 4, 64)})
+    assert e.message == "param 'p' (w): repack to q4_1x4 takes a q4_1 tensor, got q8_0[4, 64]"
+    e = failure(tmp_path, 'param p: q4_1x4[4, 2 * dim] = concat([repack(quantize(checkpoint("w"), q4_1), q4_1x4), '
+                          'repack(quantize(checkpoint("w"), q4_1), q4_1x4)], 1)\n', {"w": f32(rng, 4, 64)})
+    assert "would split its panels" in e.message
 
 
 def test_wrong_dtype(tmp_path, rng):

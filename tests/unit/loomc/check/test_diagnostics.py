@@ -275,6 +275,19 @@ CASES = {
     "quantized blocks do not divide the row": ("""
         param w: q4_1[64, 48] = checkpoint("w")
         """, [("L0405", 1, 19)]),
+    "panel rows do not divide": ("""
+        param w: q4_1x4[6, 64] = repack(checkpoint("w"), q4_1x4)
+        """, [("L0405", 1, 17)]),
+    "a kernel indexes panels": ("""
+        kernel k(w: q4_1x4[N, 32], out y: f32[N]) {
+            parallel for n in 0..N {
+                y[n] = w[n, 0]
+            }
+        }
+        """, [("L0307", 3, 16)]),
+    "repack to a plain type": ("""
+        param w: q4_1[4, 64] = repack(checkpoint("w"), q4_1)
+        """, [("L0604", 1, 48)]),
     "non-integer dimension config": ("""
         use "config.loom" { eps }
         param w: f32[eps] = checkpoint("w")

@@ -1,0 +1,93 @@
+"""q4_1 weights in row panels (`q4_1x4`) against plain rows, through the integer-dot motif, as ratios.
+
+Run by hand (not in CI):
+
+    .venv/bin/python bench/panels.py [--rounds 4] [--reps 100] [--threads 2]
+
+`matmul_q4_1x4_i16` on blocks `repack`ed into panels against `matmul_q4_1_i16` on the same
+blocks in GGUF row order (loomc/lower/qdot.py; both give the same bits, checked here per
+case), in one process, alternating for `--rounds` rounds so both see the same machine load.
+Cases: scout's four fused projections per layer (wqkv 960 x 576, wo 576 x 576, w_gate_up
+3072 x 576, w_down 576 x 1536) with the weights hot in cache, at T = 1 (decode), 8 (eight
+streams) and 128 (prefill), and `stream`: one decode step's 120 projections, each on its own
+copy of the weights (66 MB, more than the last-level cache), which is what decode reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "numerics"))
+
+SHAPES = [("wqkv", 960, 576), ("wo", 576, 576), ("w_gate_up", 3072, 576), ("w_down", 576, 1536)]   # scout, per layer
+LAYERS = 30
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--reps", type=int, default=100, help="timed calls per case per round (fewer for big cases)")
+    parser.add_argument("--threads", type=int, help="NUMBA_NUM_THREADS")
+    args = parser.parse_args()
+    if args.threads:
+        os.environ["NUMBA_NUM_THREADS"] = str(args.threads)
+
+    import numpy as np
+
+    from machine import describe
+    from motifs import timings   # (best, median) of reps calls
+    from numerics_testlib import quantized
+
+    from loomc.lower import qdot
+    from loomrt.prepare import panel_order
+
+    rng = np.random.default_rng(0)
+    plain_motif, panel_motif = qdot.load_function("matmul_q4_1_i16"), qdot.load_function("matmul_q4_1x4_i16")
+
+    def calls(shapes: list[tuple[int, int, int]]):
+        """(plain calls, panel calls, weight bytes): one (x, w, y, workspace) per (N, K, T)."""
+        plain, panel, nbytes = [], [], 0
+        for n, k, t in shapes:
+            blocks, _ = quantized(rng, "q4_1", n, k)
+            x = rng.standard_normal((t, k)).astype(np.float32)
+            workspace = np.zeros(qdot.workspace_elems(t, k), np.float32)
+            plain.append((x, blocks, np.zeros((t, n), np.float32), workspace))
+            panel.append((x, panel_order(blocks, "q4_1x4"), np.zeros((t, n), np.float32), workspace))
+            nbytes += blocks.nbytes
+        return plain, panel, nbytes
+
+    def step(motif, bound):
+        def run():
+            for call in bound:
+                motif(*call)
+        return run
+
+    print(describe())
+    print(f"threads: {os.environ.get('NUMBA_NUM_THREADS', 'all')}")
+    cases = [(f"{name} {n}x{k} T={t}", [(n, k, t)]) for t in (1, 8, 128) for name, n, k in SHAPES]
+    cases.append(("stream: one decode step's 120 projections", [(n, k, 1) for _ in range(LAYERS) for _, n, k in SHAPES]))
+    print(f"{'case':44} {'plain rows':>12} {'panels':>12} {'speed':>7} {'GB/s':>6}")
+    for label, shapes in cases:
+        plain, panel, nbytes = calls(shapes)
+        plain_step, panel_step = step(plain_motif, plain), step(panel_motif, panel)
+        plain_step()
+        panel_step()
+        if not all(np.array_equal(a[2], b[2]) for a, b in zip(plain, panel)):
+            sys.exit(f"{label}: the panels' bits differ from plain rows'")
+        work = sum(n * k * t for n, k, t in shapes)
+        reps = max(3, min(args.reps, int(args.reps * 2e7 / work)))
+        plain_best = panel_best = float("inf")
+        for _ in range(args.rounds):
+            plain_best = min(plain_best, timings(plain_step, reps)[0])
+            panel_best = min(panel_best, timings(panel_step, reps)[0])
+        print(f"{label:44} {plain_best * 1e6:10.1f}us {panel_best * 1e6:10.1f}us {plain_best / panel_best:6.2f}x "
+              f"{nbytes / panel_best / 1e9:6.1f}")
+
+
+if __name__ == "__main__":
+    main()
