@@ -77,18 +77,19 @@ def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarr
     p, size, head = d.panel_rows, d.block_bytes, d.codes_offset
     *lead, rows, width = array.shape
     groups, blocks = rows // p, width // size
-    plain_shape = (*lead, groups, p, blocks, size)
     out = np.empty(array.shape, np.uint8)
-    if forward:
-        rowwise = array.reshape(plain_shape)
-        panel = out.reshape(*lead, groups, blocks, p * size)
-        panel[..., :p * head] = np.swapaxes(rowwise[..., :head], -3, -2).reshape(*lead, groups, blocks, p * head)
-        panel[..., p * head:] = np.swapaxes(rowwise[..., head:], -3, -2).reshape(*lead, groups, blocks, -1)
-    else:
-        panel = array.reshape(*lead, groups, blocks, p * size)
-        rowwise = out.reshape(plain_shape)
-        rowwise[..., :head] = np.swapaxes(panel[..., :p * head].reshape(*lead, groups, blocks, p, head), -3, -2)
-        rowwise[..., head:] = np.swapaxes(panel[..., p * head:].reshape(*lead, groups, blocks, p, size - head), -3, -2)
+    plain, panels = (array, out) if forward else (out, array)
+    by_row = plain.reshape(*lead, groups, p, blocks, size)
+    by_block = panels.reshape(*lead, groups, blocks, p * size)
+    # views of the panels' two parts as [..., group, block, row, bytes]: copied without a temporary
+    fields = (by_block[..., :p * head].reshape(*lead, groups, blocks, p, head),
+              by_block[..., p * head:].reshape(*lead, groups, blocks, p, size - head))
+    assert all(np.may_share_memory(t, out) for t in (fields if forward else (by_row,)))   # views, not copies
+    for part, rowwise in zip(fields, (by_row[..., :head], by_row[..., head:])):
+        if forward:
+            np.copyto(part, np.swapaxes(rowwise, -3, -2))
+        else:
+            np.copyto(rowwise, np.swapaxes(part, -3, -2))
     return out
 
 
