@@ -49,15 +49,15 @@ rows take a conversion, a multiply, a broadcast and a scalar fma each. The same 
 fmas lane by lane, so the bits of matmul_q4_1_i16. Decode (scout's 120 matvecs a step) ran
 1.14-1.37x faster with 2 threads on the Zen 5 machine.
 
-Every row of w asks for the cache line PREFETCH_BYTES ahead of the block it reads (a panel:
-each line of its span, once, as non-temporal: prefetchnta). Decode streams the panels'
-66 MB once per step through a 32 MB last-level cache; fetched as temporal, they pushed out
-what the step reads again (the KV pages, the LM head's table), and on the Zen 5 machine the
-non-temporal hint took a served step from 3.98-4.36 to 3.60-3.75 ms (the head 0.73-0.83 ->
-0.51-0.53 ms, attention 18-19 -> 17 us a call). The plain-row motifs keep prefetcht0. Decode
+Every row of w asks for the cache line PREFETCH_BYTES ahead of the block it reads. Decode
 streams each weight once per step from memory (scout's 96 MB against a 32 MB last-level
 cache on the Zen 5 machine); there the hardware prefetchers alone kept a thread's stream at
-7-8 GB/s, and the hint made the q8_0 LM head 3-4x faster on cold weights.
+7-8 GB/s, and the hint made the q8_0 LM head 3-4x faster on cold weights. A panel asks for
+each line of its span once, as non-temporal (prefetchnta): fetched as temporal, the panels'
+66 MB pushed out of the last-level cache what the step reads again (the KV pages, the LM
+head's table), and the non-temporal hint took a served step from 3.98-4.36 to 3.60-3.75 ms
+there (the head 0.73-0.83 -> 0.51-0.53 ms, attention 18-19 -> 17 us a call). The plain-row
+motifs, the LM head's among them, keep prefetcht0.
 """
 
 from __future__ import annotations
@@ -447,11 +447,9 @@ def _lm_dot_codegen(rows, tokens):
                         p = _lm_dot8(builder, wq[h], xq[u][h])
                         new_accs.append(builder.call(fma8, [builder.sitofp(p, v8f), row_scales[u],
                                                             accs[(r * tokens + u) * 2 + h]]))
-                if panel_vector:
-                    pass
-                elif Q4 and tokens == 1:
+                if Q4 and tokens == 1 and not panel_vector:   # (a panel's are folded above)
                     new_mins.append(builder.call(fma1, [halves[1], sx, mins[r]]))
-                elif Q4:
+                elif Q4 and tokens > 1:
                     new_mins.append(builder.call(fmat, [splat(halves[1], tokens), sx, mins[r]]))
             return new_accs + new_mins
 

@@ -285,6 +285,9 @@ CASES = {
             }
         }
         """, [("L0307", 3, 16)]),
+    "quantize to panels": ("""
+        param w: q4_1x4[4, 64] = quantize(checkpoint("w"), q4_1x4)
+        """, [("L0604", 1, 52)]),
     "repack to a plain type": ("""
         param w: q4_1[4, 64] = repack(checkpoint("w"), q4_1)
         """, [("L0604", 1, 48)]),
