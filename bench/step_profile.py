@@ -30,14 +30,15 @@ from loomc.run import dispatch  # noqa: E402
 
 def timed_run(steps: list[list[tuple[str, float]]]):
     """A `CommandProgram.run` that records (kernel, seconds) for every launch into `steps`,
-    and as ("(host, between steps)", seconds) the time since the previous call returned:
-    the service's own work per step (packing, sampling results, `publish`, events)."""
+    and as ("(host, between steps)", seconds) the time from the previous call's return to
+    this call's first launch: the service's own work per step (packing, sampling results,
+    `publish`, events) and the plan's binding (`CommandProgram.prepare`)."""
     last_return = [None]
 
     def run(self, params, state, inputs):
-        entered = time.perf_counter()
         plan = self.prepare(params, state, inputs)
-        record = [] if last_return[0] is None else [(HOST, entered - last_return[0])]
+        prepared = time.perf_counter()
+        record = [] if last_return[0] is None else [(HOST, prepared - last_return[0])]
         for fn, args in plan.calls:
             start = time.perf_counter()
             fn(*args)
