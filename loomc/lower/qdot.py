@@ -46,8 +46,8 @@ are one span of 80 bytes (the 4 rows' (d, m), then their codes) instead of 4 str
 one row of x, the 4 pairs are one vector: one conversion, one multiply by dx (the 4 products
 dw * dx in its even lanes) and one fma into the minimum sums (the odd lanes), where plain
 rows take a conversion, a multiply, a broadcast and a scalar fma each. The same products and
-fmas lane by lane, so the bits of matmul_q4_1_i16. Decode (scout's 120 matvecs a step) ran
-1.14-1.37x faster with 2 threads on the Zen 5 machine.
+fmas lane by lane, so the bits of matmul_q4_1_i16. Scout's 120 matvecs of a decode step ran
+1.17-1.27x faster with 2 threads on the Zen 5 machine (bench/panels.py).
 
 Every row of w asks for the cache line PREFETCH_BYTES ahead of the block it reads. Decode
 streams each weight once per step from memory (scout's 96 MB against a 32 MB last-level
