@@ -41,7 +41,7 @@ def main() -> None:
     import numpy as np
 
     from machine import describe
-    from motifs import timings   # (best, median) of reps calls
+    from motifs import alternated_best
     from test_i8gemm_motif import pack
 
     from loomc.lower import i8gemm, matmul
@@ -60,10 +60,8 @@ def main() -> None:
         int_args = (a, pack(w), scale, c, np.zeros(i8gemm.workspace_elems(m, k, n), np.float32))
         f32_args = (a[None], (w.astype(np.float32) * scale[0])[None], c[None],
                     np.zeros(max(1, matmul.workspace_elems("matmul", 1, m, k, n)), np.float32))
-        f32_best = int_best = float("inf")
-        for _ in range(args.rounds):
-            f32_best = min(f32_best, timings(lambda: f32(*f32_args), args.reps)[0])
-            int_best = min(int_best, timings(lambda: int8(*int_args), args.reps)[0])
+        f32_best, int_best = alternated_best([lambda: f32(*f32_args), lambda: int8(*int_args)],
+                                             args.reps, args.rounds)
         print(f"{f'{m} x {k} . {n}':20} {f32_best * 1e6:10.1f}us {int_best * 1e6:10.1f}us {f32_best / int_best:6.2f}x "
               f"{2 * m * k * n / int_best / 1e9:7.1f}")
 

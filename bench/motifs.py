@@ -45,6 +45,15 @@ def timings(fn, reps: int) -> tuple[float, float]:
     return float(np.min(times)), float(np.median(times))
 
 
+def alternated_best(fns, reps: int, rounds: int) -> list[float]:
+    """Each of `fns`'s best seconds over `rounds` rounds of `timings`, the fns alternating
+    within each round so that all see the same machine load."""
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        best = [min(b, timings(fn, reps)[0]) for b, fn in zip(best, fns)]
+    return best
+
+
 class Bench:
     def __init__(self, reps: int, only: str | None):
         self.reps = reps

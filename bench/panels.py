@@ -40,7 +40,7 @@ def main() -> None:
     import numpy as np
 
     from machine import describe
-    from motifs import timings   # (best, median) of reps calls
+    from motifs import alternated_best
     from numerics_testlib import quantized
 
     from loomc.lower import qdot
@@ -81,10 +81,7 @@ def main() -> None:
             sys.exit(f"{label}: the panels' bits differ from plain rows'")
         work = sum(n * k * t for n, k, t in shapes)
         reps = max(3, min(args.reps, int(args.reps * 2e7 / work)))
-        plain_best = panel_best = float("inf")
-        for _ in range(args.rounds):
-            plain_best = min(plain_best, timings(plain_step, reps)[0])
-            panel_best = min(panel_best, timings(panel_step, reps)[0])
+        plain_best, panel_best = alternated_best([plain_step, panel_step], reps, args.rounds)
         print(f"{label:44} {plain_best * 1e6:10.1f}us {panel_best * 1e6:10.1f}us {plain_best / panel_best:6.2f}x "
               f"{nbytes / panel_best / 1e9:6.1f}")
 

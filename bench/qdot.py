@@ -51,7 +51,7 @@ def main() -> None:
     import numpy as np
 
     from machine import describe
-    from motifs import timings   # (best, median) of reps calls
+    from motifs import alternated_best
     from numerics_testlib import quantized
 
     from loomc.check import load_files
@@ -94,10 +94,7 @@ def main() -> None:
         f32_step, int_step, nbytes, flops = pair(qtype, shapes)
         work = sum(n * k * t for n, k, t in shapes)
         reps = max(3, min(args.reps, int(args.reps * 2e7 / work)))
-        f32_best = int_best = float("inf")
-        for _ in range(args.rounds):
-            f32_best = min(f32_best, timings(f32_step, reps)[0])
-            int_best = min(int_best, timings(int_step, reps)[0])
+        f32_best, int_best = alternated_best([f32_step, int_step], reps, args.rounds)
         print(f"{label:48} {f32_best * 1e6:10.1f}us {int_best * 1e6:10.1f}us {f32_best / int_best:6.2f}x "
               f"{flops / int_best / 1e9:8.1f} {nbytes / int_best / 1e9:6.1f}")
 

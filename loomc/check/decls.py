@@ -150,8 +150,7 @@ class PrepareChecker:
         elif name in ("cast", "quantize"):
             self.tensor(args[0])
             t = args[1]
-            plain_quant = tuple(q for q in T.QUANT_TYPES if q not in T.PANEL_ROWS)
-            ok = isinstance(t, ast.TypeName) and t.name in (plain_quant if name == "quantize" else T.NUMERIC_TYPES)
+            ok = isinstance(t, ast.TypeName) and t.name in (T.PLAIN_QUANT_TYPES if name == "quantize" else T.NUMERIC_TYPES)
             if not ok:
                 self.error(t.span, f"{name} takes a {'block-quantized' if name == 'quantize' else 'numeric'} type, "
                                    f"e.g. {'q8_0' if name == 'quantize' else 'f32'}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loomc.check.shapes import Dim
-from loomc.dtypes import DTYPES, names
+from loomc.dtypes import DTYPES, PANEL_TYPES, names
 
 # Derived from `loomc.dtypes`, which holds the facts.
 INT_TYPES = names("signed", "unsigned")
@@ -25,7 +25,8 @@ INT_RANGES = {t: DTYPES[t].range for t in INT_TYPES}
 # GGUF block geometry: elements per block along the last dimension.
 QUANT_BLOCK = {t: DTYPES[t].block_elems for t in QUANT_TYPES}
 # Panel types: rows per interleaved group (the second-last dimension is a multiple of it).
-PANEL_ROWS = {t: DTYPES[t].panel_rows for t in QUANT_TYPES if DTYPES[t].panel_of is not None}
+PANEL_ROWS = {t: DTYPES[t].panel_rows for t in PANEL_TYPES}
+PLAIN_QUANT_TYPES = tuple(t for t in QUANT_TYPES if t not in PANEL_ROWS)   # what `quantize` makes
 
 
 @dataclass(frozen=True)
