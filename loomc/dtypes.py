@@ -47,11 +47,14 @@ class DType:
     codes_offset: int = 0
     # Panels: `panel_of`'s blocks with rows interleaved in groups of `panel_rows` (P). The
     # storage array keeps its shape; the P rows of group g hold, per block b, P * block_bytes
-    # bytes: the P rows' scale fields (d, m) side by side, then the P rows' codes. Same bytes,
-    # another order: one stream per group, and one load gives the P rows' scales. Only the
-    # integer-dot motif reads it; only `repack` makes it.
+    # bytes: the P rows' scale fields, then the P rows' codes. Within each of the two parts a
+    # row gives `panel_unit` bytes at a time, unit by unit ([unit][row][bytes]); 0 means the
+    # whole part at once ([row][bytes]). Same bytes, another order: one stream per group, and
+    # the P rows' scales, or their codes of one unit, are one load. Only the integer-dot
+    # motifs read panels; only `repack` makes them.
     panel_of: str | None = None
     panel_rows: int = 0
+    panel_unit: int = 0
 
     def __str__(self) -> str:
         return self.name
@@ -92,8 +95,10 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     _quantized("q4_0", block_bytes=18, codes_offset=2),
     _quantized("q4_1", block_bytes=20, codes_offset=4),
     _quantized("q8_0", block_bytes=34, codes_offset=2),
-    DType("q4_1x4", "quantized", None, None, host="uint8", kernel="uint8", compute=None, block_elems=32,
-          block_bytes=20, codes_offset=4, panel_of="q4_1", panel_rows=4),
+    DType("q4_1x16", "quantized", None, None, host="uint8", kernel="uint8", compute=None, block_elems=32,
+          block_bytes=20, codes_offset=4, panel_of="q4_1", panel_rows=16, panel_unit=2),
+    DType("q8_0x16", "quantized", None, None, host="uint8", kernel="uint8", compute=None, block_elems=32,
+          block_bytes=34, codes_offset=2, panel_of="q8_0", panel_rows=16, panel_unit=2),
 )}
 
 # Panel types: kernels cannot index them (a row's block b sits beside the other rows' blocks b,

@@ -137,7 +137,7 @@ def compile_module(checked: CheckedProgram, name: str, components: tuple[str, ..
 
 def _check_params_agree(commands: dict[str, CommandPlan], plans: dict) -> None:
     """A command's param must be prepared with its type. The runtime binds prepared params by
-    name, and two storages can share a numpy shape (q4_1 and its q4_1x4 panels), so a document
+    name, and two storages can share a numpy shape (q4_1 and its q4_1x16 panels), so a document
     whose prepare files declare another `wqkv` than the one the sources `use` would run on
     bytes in the wrong order; refuse it here, where both declarations are known."""
     prepared: dict[str, list] = {}

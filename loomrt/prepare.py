@@ -16,7 +16,7 @@ Preparation functions: `checkpoint("name")` (family index `{l}` substituted),
 is dequantized), `concat([...], axis)` (same dtype; quantized along any axis, the last in
 whole blocks), `reshape(t, [dims])` (same element count; quantized keeps whole blocks) and
 `quantize(t, QTYPE)` (from a float tensor, with `gguf.quants.quantize`) and `repack(t, PANEL)`
-(a q4_1 tensor's blocks reordered into q4_1x4's row panels: same bytes). Each result must
+(a q4_1 or q8_0 tensor's blocks reordered into 16-row panels: same bytes). Each result must
 match the declared type exactly, or a `PrepareError` names the param, the member and the
 checkpoint tensors, e.g. `param 'wq'[3] (blk.3.attn_q.weight): expected q4_1[576, 576],
 got q4_1[576, 512]`.
@@ -72,7 +72,8 @@ class _Failure(Exception):
 def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarray:
     """The storage of a `dtype.panel_of` tensor (uint8 `[..., N, bytes]`) in `dtype`'s panel
     order (forward), or back in plain row order: per group of P rows and per block, the P
-    rows' scale fields side by side, then their codes. A new array; the same bytes."""
+    rows' scale fields, then their codes, each part unit by unit (`DType.panel_unit`). A new
+    array; the same bytes."""
     d = DTYPES[dtype]
     p, size, head = d.panel_rows, d.block_bytes, d.codes_offset
     *lead, rows, width = array.shape
@@ -81,15 +82,18 @@ def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarr
     plain, panels = (array, out) if forward else (out, array)
     by_row = plain.reshape(*lead, groups, p, blocks, size)
     by_block = panels.reshape(*lead, groups, blocks, p * size)
-    # views of the panels' two parts as [..., group, block, row, bytes]: copied without a temporary
-    fields = (by_block[..., :p * head].reshape(*lead, groups, blocks, p, head),
-              by_block[..., p * head:].reshape(*lead, groups, blocks, p, size - head))
-    assert all(np.may_share_memory(t, out) for t in (fields if forward else (by_row,)))   # views, not copies
-    for part, rowwise in zip(fields, (by_row[..., :head], by_row[..., head:])):
+    for start, stop in ((0, head), (head, size)):
+        unit = d.panel_unit or stop - start
+        units = (stop - start) // unit
+        # the part as [..., group, block, unit, row, bytes] in the panels and, by the same
+        # indices, in plain rows: views, copied without a temporary
+        part = by_block[..., p * start:p * stop].reshape(*lead, groups, blocks, units, p, unit)
+        rowwise = np.moveaxis(by_row[..., start:stop].reshape(*lead, groups, p, blocks, units, unit), -4, -2)
+        assert np.may_share_memory(part if forward else rowwise, out)   # a view, not a copy
         if forward:
-            np.copyto(part, np.swapaxes(rowwise, -3, -2))
+            np.copyto(part, rowwise)
         else:
-            np.copyto(rowwise, np.swapaxes(part, -3, -2))
+            np.copyto(rowwise, part)
     return out
 
 

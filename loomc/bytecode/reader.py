@@ -28,7 +28,7 @@ from loomc.bytecode.format import (
 )
 from loomc.bytecode.literals import literal_value, name_problem
 from loomc.bytecode.schema import (
-    BINARY, BLOCK, CALL, INDEX, ITEM_TAGS, NONE, SPECS, TYPE_TAGS, UNARY, Field, Kind, describe, item_has_name,
+    BINARY, BLOCK, CALL, INDEX, ITEM_TAGS, NONE, RETIRED, SPECS, TYPE_TAGS, UNARY, Field, Kind, describe, item_has_name,
 )
 from loomc.syntax import ast
 
@@ -355,7 +355,11 @@ class _Reader:
             raw = cur.uvarint(f"{owner}.{f.attr}")  # 0: none; else string index + 1
             values[f.attr] = None if raw == 0 else self._name_at(raw - 1, at)
         elif kind is Kind.ENUM:
-            values[f.attr] = f.table[cur.index(f"{owner}.{f.attr}", len(f.table))]
+            code = cur.index(f"{owner}.{f.attr}", len(f.table))
+            if isinstance(f.table[code], str) and f.table[code].startswith(RETIRED):
+                raise LoomBytecodeError(f"{owner}.{f.attr}: code {code} is the {f.table[code]}, which this compiler "
+                                        "no longer has; rebuild the program from its source", at)
+            values[f.attr] = f.table[code]
         elif kind is Kind.BOOL:
             flag = cur.uvarint(f"{owner}.{f.attr}")
             if flag > 1:

@@ -2,64 +2,76 @@
 
     matmul_q4_1_i16(x: f32[T, K], w: q4_1[N, K], out y: f32[T, N])
     matmul_q8_0_i16(x: f32[T, K], w: q8_0[N, K], out y: f32[T, N])
-    matmul_q4_1x4_i16(x: f32[T, K], w: q4_1x4[N, K], out y: f32[T, N])   (q4_1 blocks in row panels)
+    matmul_q4_1x16_i16(x: f32[T, K], w: q4_1x16[N, K], out y: f32[T, N])   (q4_1 blocks in 16-row panels)
+    matmul_q8_0x16_i16(x: f32[T, K], w: q8_0x16[N, K], out y: f32[T, N])   (q8_0 blocks in 16-row panels)
 
 y = x . w^T with the activations quantized to 16-bit integer codes first, then integer dot
 products with the weights' own 4- or 8-bit codes (llama.cpp's `vec_dot_q4_1_q8_1` is the same
-idea with 8-bit codes):
+idea with 8-bit codes). Both contracts start alike:
 
 * Each row of x, per block of 32, becomes 32 codes q = rint(x * (1 / d)) (ties to even,
   saturated to i16), with its scale d = max |x| / 32767 (an all-zero block: d = 0, codes 0)
   and, for q4_1, s = d * sum(q).
+
+Plain rows (`matmul_q4_1_i16`, `matmul_q8_0_i16`): a vector lane per pair of elements.
+
 * Per block b, the integer dot of the weight's codes with the activation's, exact in i32, in
   16 partial sums p[j] over elements 2j and 2j + 1 (the lanes `vpmaddwd` produces).
 * acc[j] = fma(f32(p[j]), dw * dx, acc[j]) in block order from +0.0, one accumulator of 16
   lanes; for q4_1 also mins = fma(mw, s, mins) in block order from +0.0.
 * y = the fold of acc (lanes 0..7 + 8..15, 0..3 + 4..7, 0..1 + 2..3, 0 + 1), + mins.
 
-Every step is exact (the integer dots, the maxima, the sums of codes, f32(p): |p| < 2^24) or
-one rounding in a fixed order, so the bits are the same on every SIMD class and whatever T or
-the thread split: a row's output depends on that row alone (batch invariance). Only the
-instructions differ: `vpmaddwd` (per block one on zmm, or two on ymm), plain vector IR
-without AVX2. (VNNI's `vpdpwssd` would only fuse an add into an integer accumulator, and no
-two blocks share a scale.)
+Panels (`matmul_q4_1x16_i16`, `matmul_q8_0x16_i16`; `q4_1x16`/`q8_0x16` in loomc/dtypes.py):
+a vector lane per row of w.
+
+* Per block b, the integer dot P of all 32 codes, exact in i32.
+* acc = fma(f32(P), dw * dx, acc), then for q4_1 acc = fma(mw, s, acc), in block order from
+  +0.0; y = acc. (f32(P) is exact for q4_1, |P| < 2^24; for q8_0 it rounds to nearest once.)
+
+Every step is exact or one rounding in a fixed order, so the bits are the same on every SIMD
+class and whatever T or the thread split: a row's output depends on that row alone (batch
+invariance). Only the instructions differ: `vpmaddwd` (per block one on zmm, or two on ymm)
+or VNNI's `vpdpwssd`, plain vector IR without AVX2. The two contracts round differently
+(the panels' has fewer roundings), so the same blocks in rows and in panels do not give the
+same bits.
 
 Against the f32 kernels of std:quant.loom (which dequantize each weight and keep x in f32),
 rounding x to codes moves each element by at most d / 2, 1/65534 of its block's largest:
 over SmolLM2-135M 1-2e-4 of the logits' scale, and teacher-forced over 512 tokens the argmax
-agrees with transformers everywhere (tests/numerics/test_scout_reference.py). 8-bit codes,
-as llama.cpp uses, were measured at 4.5e-2 of the scale and 96 % agreement there.
+agrees with transformers everywhere, with either contract (tests/numerics/test_scout_reference.py).
+8-bit codes, as llama.cpp uses, were measured at 4.5e-2 of the scale and 96 % agreement there.
 
-How it runs: one pass quantizes every row of x into the workspace (codes, then scales, then
-sums); then a task per 4 rows of w runs all T rows of x against them in tiles (`tile_shape`:
-4 x 4 with AVX-512's 32 vector registers, else 2 x 2): each weight block is read from memory
-once per call and unpacked once per tile, and each activation block's load serves a tile's
-rows of w. With one row of x (decode) on Intel's AVX-512 cores, and always without AVX-512,
-each block runs as two halves of 16 elements on ymm registers, whose accumulators are the
-contract's lanes 0..7 and 8..15: there the 512-bit form spends most of its time on the one
-port that shuffles 512-bit vectors (joining the unpacked nibbles, broadcasting the scale),
-and the halves were 15-25 % faster per core. AMD Zen 5 shuffles 512-bit vectors on more than
-one pipe, and there the 512-bit form was 5-20 % faster at T = 1 (docs/performance.md).
+How plain rows run: one pass quantizes every row of x into the workspace (codes, then scales,
+then sums); then a task per 4 rows of w runs all T rows of x against them in tiles
+(`tile_shape`: 4 x 4 with AVX-512's 32 vector registers, else 2 x 2): each weight block is
+read from memory once per call and unpacked once per tile, and each activation block's load
+serves a tile's rows of w. With one row of x (decode) on Intel's AVX-512 cores, and always
+without AVX-512, each block runs as two halves of 16 elements on ymm registers, whose
+accumulators are the contract's lanes 0..7 and 8..15: there the 512-bit form spends most of
+its time on the one port that shuffles 512-bit vectors (joining the unpacked nibbles,
+broadcasting the scale), and the halves were 15-25 % faster per core. AMD Zen 5 shuffles
+512-bit vectors on more than one pipe, and there the 512-bit form was 5-20 % faster at T = 1
+(docs/performance.md).
 
-Panels (`q4_1x4`, loomc/dtypes.py): a task's 4 rows of w are one panel, so per block they
-are one span of 80 bytes (the 4 rows' (d, m), then their codes) instead of 4 streams. With
-one row of x, the 4 pairs are one vector: one conversion, one multiply by dx (the 4 products
-dw * dx in its even lanes) and one fma into the minimum sums (the odd lanes), where plain
-rows take a conversion, a multiply, a broadcast and a scalar fma each. The same products and
-fmas lane by lane, so the bits of matmul_q4_1_i16. Scout's 120 matvecs of a decode step ran
-1.17-1.27x faster with 2 threads on the Zen 5 machine (bench/panels.py).
+How panels run: the same quantizing pass, then a task per panel of 16 rows of w runs all T
+rows of x against it in tiles of `interleaved_tokens()` rows (8 with AVX-512), then 4, 2, 1.
+A panel's block is one span (q4_1: 320 bytes, five cache lines): its 16 scales, (q4_1) its 16
+minimums, then its codes 2 bytes per row at a time, so one 32-byte load widened to 16-bit
+codes holds elements 2c and 2c + 1 of every row, lane by lane. Each such vector meets a
+broadcast of the same two activation codes: one `vpdpwssd` per 2 elements of 16 rows and a
+row of x, with no fold, and the scales' conversion, product and fmas serve 16 rows at once.
+The plain rows' tile spends a multiply, a conversion and an fma per (row of w, row of x,
+block) besides the dot; at T = 8 the panels ran scout's projections 2.2-3.4x faster, at
+T = 1 1.3-1.8x with the weights hot (bench/panels.py, the Zen 5 machine).
 
-Every row of w asks for the cache line PREFETCH_BYTES ahead of the block it reads. Decode
-streams each weight once per step from memory (scout's 96 MB against a 32 MB last-level
-cache on the Zen 5 machine); there the hardware prefetchers alone kept a thread's stream at
-7-8 GB/s, and the hint made the q8_0 LM head 3-4x faster on cold weights. A panel asks for
-each line of its span once, as non-temporal (prefetchnta): fetched as temporal, the panels'
-66 MB pushed out of the last-level cache what the step reads again (the KV pages, the LM
-head's table), and the non-temporal hint took a served step from 3.98-4.36 to 3.60-3.75 ms
-there (the head 0.73-0.83 -> 0.51-0.53 ms, attention 18-19 -> 17 us a call). The plain-row
-motifs, the LM head's among them, keep prefetcht0.
+Plain rows ask for the cache line PREFETCH_BYTES ahead of the block each reads. Decode streams
+each weight once per step from memory (scout's 96 MB against a 32 MB last-level cache on the
+Zen 5 machine); there the hardware prefetchers alone kept a thread's stream at 7-8 GB/s, and
+the hint made the q8_0 LM head 3-4x faster on cold weights. A panel asks for each line of its
+span once, as non-temporal (prefetchnta): fetched as temporal, scout's 66 MB of 4-row panels
+pushed out of the last-level cache what the step reads again (the KV pages), and the
+non-temporal hint took a served step from 3.98-4.36 to 3.60-3.75 ms there.
 """
-
 from __future__ import annotations
 
 from pathlib import Path
@@ -72,12 +84,15 @@ from loomc.ir.module import QUANT_BLOCK_BYTES, QUANT_BLOCK_ELEMS
 from loomc.lower.attention import VECTOR_LOOP_SOURCE
 
 # The motifs this module serves: name -> the weights' dtype.
-MOTIFS = {"matmul_q4_1_i16": "q4_1", "matmul_q8_0_i16": "q8_0", "matmul_q4_1x4_i16": "q4_1x4"}
+MOTIFS = {"matmul_q4_1_i16": "q4_1", "matmul_q8_0_i16": "q8_0",
+          "matmul_q4_1x16_i16": "q4_1x16", "matmul_q8_0x16_i16": "q8_0x16"}
 BLOCK = QUANT_BLOCK_ELEMS                   # elements per GGUF block, and per activation scale
 BLOCK_BYTES = {dtype: QUANT_BLOCK_BYTES[dtype] for dtype in MOTIFS.values()}   # bytes per weight block
 ROWS = 4                                    # rows of w per task: one activation load serves them
 PANEL_ROWS = {dtype: DTYPES[dtype].panel_rows for dtype in MOTIFS.values()}   # rows per panel (0: plain rows)
-assert all(p in (0, ROWS) for p in PANEL_ROWS.values()), "a task's rows of w are one panel"
+# Panels have their own tiles, a vector lane per row of w: 16 rows, codes 2 bytes per row at a time
+INTERLEAVED = {dtype: PANEL_ROWS[dtype] > 0 for dtype in MOTIFS.values()}
+assert all(DTYPES[d].panel_unit == 2 and PANEL_ROWS[d] == 16 for d in MOTIFS.values() if INTERLEAVED[d])
 PREFETCH_BYTES = 16384                      # how far ahead of each row's block its cache line is asked for
 
 
@@ -90,12 +105,22 @@ def tile_shape() -> tuple[int, int]:
     return (4, 4) if _target_has_avx512() else (2, 2)
 
 
+def interleaved_tokens() -> int:
+    """Rows of x per tile of an interleaved panel: one <16 x i32> integer and one <16 x f32>
+    accumulator each must stay in registers (AVX-512: 8 pairs of 32 zmm; else 4, spilling
+    the float ones once per block)."""
+    from loomc.lower.matmul import _target_has_avx512
+
+    return 8 if _target_has_avx512() else 4
+
+
 def workspace_elems(rows: int, depth: int) -> int:
     """f32 elements of the workspace: rows x depth 16-bit codes, then a scale and a sum per block."""
     return rows * depth // 2 + 2 * rows * (depth // BLOCK)
 
 
-_DRIVER = '''
+# The drivers: quantize every row of x into the workspace, then a task per group of rows of w
+_QUANTIZE = '''
 @njit(parallel=True, cache=True, fastmath=False, error_model="numpy")
 def FUNCTION(x, w, y, ws):
     T = x.shape[0]
@@ -111,7 +136,9 @@ def FUNCTION(x, w, y, ws):
     else:
         for t in range(T):
             _lm_quantize_rows(x, t * K, B, ws, t * K, codes + t, sums + t, T)
-    groups = (N + ROWS - 1) // ROWS
+'''
+
+_DRIVER = _QUANTIZE + '''    groups = (N + ROWS - 1) // ROWS
     for g in prange(groups):
         n = g * ROWS
         t = 0
@@ -130,6 +157,24 @@ def FUNCTION(x, w, y, ws):
                     else:
                         _lm_dot_one(w, r * rb, rb, ws, q, d, s, B, K, T, y, t * N + r, N)
             t += span
+'''
+
+_INTERLEAVED_DRIVER = _QUANTIZE + '''    for g in prange(N // PANEL):
+        at, t = g * PANEL, 0
+        while t < T:
+            q, d, s, out = t * K, codes + t, sums + t, t * N + at
+            if t + TOKENS <= T:
+                _lm_panel_tile(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                t += TOKENS
+            elif t + 4 <= T:
+                _lm_panel_4(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                t += 4
+            elif t + 2 <= T:
+                _lm_panel_2(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                t += 2
+            else:
+                _lm_panel_1(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                t += 1
 '''
 
 # Helpers of the LLVM IR intrinsics of generated modules (this one's and loomc/lower/i8gemm.py's):
@@ -358,10 +403,6 @@ def _lm_dot_codegen(rows, tokens):
                                                  llir.Constant(i32, 0)), 0, width)
         block_bytes = llir.Constant(i64, BLOCK_BYTES)
         row_starts = [builder.gep(weights, [builder.mul(rb, llir.Constant(i64, r))]) for r in range(rows)]
-        panel_vector = bool(PANEL) and Q4 and rows == PANEL and tokens == 1
-        if PANEL:   # the tile's first row of w is row `within` of the panel that starts at panel_start
-            within = builder.srem(builder.sdiv(w_off, rb), llir.Constant(i64, PANEL))
-            panel_start = builder.gep(weights, [builder.neg(builder.mul(within, rb))])
         pairs = rows * tokens   # accumulators in order r * tokens + u; then a vector of minimum sums per r
 
         def block_scales(b, vector):
@@ -376,39 +417,10 @@ def _lm_dot_codegen(rows, tokens):
 
         def weight_block(r, b):
             # (byte pointer to the codes of block b of the tile's row r of w, its scale and q4_1
-            # minimum as f32). In panels, block b of the panel's rows is one span of PANEL blocks:
-            # their scale fields, then their codes; it is asked for once, by the tile's first row
-            if not PANEL:
-                at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
-                _lm_prefetch(builder, at, PREFETCH_BYTES)
-                return builder.gep(at, [llir.Constant(i64, CODES_OFFSET)]), _lm_halves(builder, at, 2 if Q4 else 1)
-            span = builder.gep(panel_start, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
-            if r == 0:
-                for line in range(0, PANEL * BLOCK_BYTES, 64):
-                    _lm_prefetch(builder, span, PREFETCH_BYTES + line, 0)   # streamed: non-temporal
-            row = builder.add(within, llir.Constant(i64, r))
-            head = builder.gep(span, [builder.mul(row, llir.Constant(i64, CODES_OFFSET))])
-            codes_at = builder.gep(span, [builder.add(llir.Constant(i64, PANEL * CODES_OFFSET),
-                                                      builder.mul(row, llir.Constant(i64, BLOCK_BYTES - CODES_OFFSET)))])
-            return codes_at, (_lm_halves(builder, head, 2) if not panel_vector else None)
-
-        def panel_scales(b, dx, sx, mins):
-            # a whole panel's scale fields at once (T = 1, the task's rows = the panel): the
-            # PANEL (d, m) pairs of block b as one vector of 2 * PANEL floats; d * dx in the even
-            # lanes, the minimum sums fma(m, s, mins) in the odd ones: the contract's products
-            # and fmas, lane by lane
-            span = builder.gep(panel_start, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
-            pairs_t = llir.VectorType(f32, 2 * PANEL)
-            raw = builder.load(builder.bitcast(span, llir.VectorType(llir.HalfType(), 2 * PANEL).as_pointer()), align=1)
-            if _lm_target_has("f16c"):
-                fields = builder.fpext(raw, pairs_t)
-            else:
-                fields = llir.Constant(pairs_t, None)
-                for i in range(2 * PANEL):
-                    value = _lm_half(builder, builder.gep(span, [llir.Constant(i64, 2 * i)]))
-                    fields = builder.insert_element(fields, value, llir.Constant(i32, i))
-            fma_p = _lm_ir_function(builder, "llvm.fma.v%df32" % (2 * PANEL), pairs_t, [pairs_t, pairs_t, pairs_t])
-            return builder.fmul(fields, splat(dx, 2 * PANEL)), builder.call(fma_p, [fields, splat(sx, 2 * PANEL), mins])
+            # minimum as f32)
+            at = builder.gep(row_starts[r], [builder.mul(b, block_bytes)])
+            _lm_prefetch(builder, at, PREFETCH_BYTES)
+            return builder.gep(at, [llir.Constant(i64, CODES_OFFSET)]), _lm_halves(builder, at, 2 if Q4 else 1)
 
         def half_block(b, values):
             # each block as two halves of 16 elements in <8 x f32> accumulators (lanes 0..7 and
@@ -421,9 +433,6 @@ def _lm_dot_codegen(rows, tokens):
                                                 v16s.as_pointer()), align=2) for h in range(2)] for u in range(tokens)]
             dx, sx = block_scales(b, tokens > 1)
             new_accs, new_mins = [], []
-            if panel_vector:
-                products, panel_mins = panel_scales(b, dx, sx, mins[0])
-                new_mins.append(panel_mins)
             for r in range(rows):
                 at, halves = weight_block(r, b)
                 if Q4:
@@ -435,9 +444,7 @@ def _lm_dot_codegen(rows, tokens):
                     wq = [builder.sext(builder.load(builder.bitcast(builder.gep(at, [llir.Constant(i64, 16 * h)]),
                                                                     v16b.as_pointer()), align=1), v16s)
                           for h in range(2)]
-                if panel_vector:
-                    row_scales = [spread(products, 2 * r, 8)]
-                elif tokens == 1:
+                if tokens == 1:
                     row_scales = [splat(builder.fmul(halves[0], dx), 8)]
                 else:
                     products = builder.fmul(splat(halves[0], tokens), dx)   # dw * dx of each row of x
@@ -447,7 +454,7 @@ def _lm_dot_codegen(rows, tokens):
                         p = _lm_dot8(builder, wq[h], xq[u][h])
                         new_accs.append(builder.call(fma8, [builder.sitofp(p, v8f), row_scales[u],
                                                             accs[(r * tokens + u) * 2 + h]]))
-                if Q4 and tokens == 1 and not panel_vector:   # (a panel's are folded above)
+                if Q4 and tokens == 1:
                     new_mins.append(builder.call(fma1, [halves[1], sx, mins[r]]))
                 elif Q4 and tokens > 1:
                     new_mins.append(builder.call(fmat, [splat(halves[1], tokens), sx, mins[r]]))
@@ -459,9 +466,6 @@ def _lm_dot_codegen(rows, tokens):
                                                v32s.as_pointer()), align=2) for u in range(tokens)]
             sx = block_scales(b, True)[1]
             new_accs, new_mins = [], []
-            if panel_vector:
-                products, panel_mins = panel_scales(b, *block_scales(b, False), mins[0])
-                new_mins.append(panel_mins)
             # dw * dx of each (row of w, row of x) as 16 lanes: dx broadcast from memory (a load,
             # not a shuffle) once per row of x, dw once per row of w, one multiply per pair. A
             # 4-lane product spread to 16 lanes per pair queued on the shuffle port (the q8_0 LM
@@ -471,7 +475,7 @@ def _lm_dot_codegen(rows, tokens):
                     for u in range(tokens)]
             for r in range(rows):
                 at, halves = weight_block(r, b)
-                dw = None if panel_vector else splat(halves[0], 16)
+                dw = splat(halves[0], 16)
                 if Q4:
                     raw = builder.load(builder.bitcast(at, v16b.as_pointer()), align=1)
                     # the 16 bytes twice (a broadcast load), widened once; then the low nibbles
@@ -484,28 +488,26 @@ def _lm_dot_codegen(rows, tokens):
                     wq = builder.sext(builder.load(builder.bitcast(at, v32b.as_pointer()), align=1), v32s)
                 for u, xq in enumerate(xs):
                     p = _lm_dot16(builder, wq, xq)
-                    scale = spread(products, 2 * r, 16) if panel_vector else builder.fmul(dw, dx16[u])
-                    new_accs.append(builder.call(fma16, [builder.sitofp(p, v16f), scale, accs[r * tokens + u]]))
-                if Q4 and not panel_vector:
+                    new_accs.append(builder.call(fma16, [builder.sitofp(p, v16f), builder.fmul(dw, dx16[u]),
+                                                         accs[r * tokens + u]]))
+                if Q4:
                     new_mins.append(builder.call(fmat, [splat(halves[1], tokens), sx, mins[r]]))
             return new_accs + new_mins
 
         zero16, zeros = llir.Constant(v16f, [0.0] * 16), llir.Constant(vt, [0.0] * tokens)
         split = _lm_target_has("avx2") and (not _lm_target_has("avx512bw")
                                             or (tokens == 1 and not _lm_fast_wide_shuffles()))
-        # the minimum sums: one per row of w (a scalar at T = 1, else a vector over rows of x),
-        # or a whole panel's in one vector (its odd lanes)
-        panel_zeros = llir.Constant(llir.VectorType(f32, 2 * PANEL), [0.0] * (2 * PANEL)) if PANEL else None
+        # the minimum sums: one per row of w (a scalar at T = 1, else a vector over rows of x)
         if split:
             minimum = llir.Constant(f32, 0.0) if tokens == 1 else zeros
-            minimums = [panel_zeros] if panel_vector else [minimum] * (rows if Q4 else 0)
+            minimums = [minimum] * (rows if Q4 else 0)
             values = _lm_vector_loop(builder, blocks, [llir.Constant(v8f, [0.0] * 8)] * (2 * pairs) + minimums,
                                      half_block)
             values = [builder.fadd(values[2 * i], values[2 * i + 1]) for i in range(pairs)] + [
-                builder.insert_element(zeros, m, llir.Constant(i32, 0)) if tokens == 1 and not panel_vector else m
+                builder.insert_element(zeros, m, llir.Constant(i32, 0)) if tokens == 1 else m
                 for m in values[2 * pairs:]]
         else:
-            minimums = [panel_zeros] if panel_vector else [zeros] * (rows if Q4 else 0)
+            minimums = [zeros] * (rows if Q4 else 0)
             values = _lm_vector_loop(builder, blocks, [zero16] * pairs + minimums, block)
         for r in range(rows):
             for u in range(tokens):
@@ -520,9 +522,7 @@ def _lm_dot_codegen(rows, tokens):
                                  builder.shuffle_vector(v, v, llir.Constant(llir.VectorType(i32, 2), [2, 3])))
                 s = builder.fadd(builder.extract_element(v, llir.Constant(i32, 0)),
                                  builder.extract_element(v, llir.Constant(i32, 1)))
-                if panel_vector:
-                    s = builder.fadd(s, builder.extract_element(values[pairs], llir.Constant(i32, 2 * r + 1)))
-                elif Q4:
+                if Q4:
                     s = builder.fadd(s, builder.extract_element(values[pairs + r], llir.Constant(i32, u)))
                 at = builder.add(builder.mul(width, llir.Constant(i64, u)), llir.Constant(i64, r))
                 builder.store(s, builder.gep(out, [at]), align=4)
@@ -547,6 +547,122 @@ _lm_dot_one = intrinsic(_lm_dot_typer(1, 1))
 '''
 
 
+# Interleaved panels (q4_1x16): a vector lane per row of w, so a block's integer dot needs no
+# fold and every scale op serves 16 rows at once.
+_PANEL_INTRINSICS = '''
+def _lm_dot_pairs(builder, acc, w, x):
+    # acc + _lm_dot16(w, x), exact in i32: one vpdpwssd with AVX-512 VNNI
+    from llvmlite import ir as llir
+
+    v16i, v32s = llir.VectorType(llir.IntType(32), 16), llir.VectorType(llir.IntType(16), 32)
+    if _lm_target_has("avx512vnni"):
+        return builder.call(_lm_ir_function(builder, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i, v32s, v32s]),
+                            [acc, w, x])
+    return builder.add(acc, _lm_dot16(builder, w, x))
+
+
+def _lm_panel_codegen(tokens):
+    def codegen(context, builder, sig, args):
+        # (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width):
+        # y[y_off + u * width + r], r < PANEL, for the panel from byte w_off against the
+        # `tokens` quantized rows of x from q_off (depth codes apart) and d_off / s_off (block
+        # b's at b * stride). Per block a span of PANEL * BLOCK_BYTES bytes: the rows' d, their
+        # m, then 8 units of the rows' code bytes 2c, 2c + 1 (row r at bytes 2r, 2r + 1): as 16-bit
+        # codes, low nibbles are elements 2c, 2c + 1 of lane r, high nibbles 2c + 16, 2c + 17
+        from llvmlite import ir as llir
+
+        f32, i8, i16, i32, i64 = (llir.FloatType(), llir.IntType(8), llir.IntType(16), llir.IntType(32),
+                                  llir.IntType(64))
+        v16f, v16i, v32b, v32s = (llir.VectorType(f32, 16), llir.VectorType(i32, 16), llir.VectorType(i8, 32),
+                                  llir.VectorType(i16, 32))
+        v16h = llir.VectorType(llir.HalfType(), 16)
+        (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off,
+         width) = _lm_arguments(context, builder, sig, args)
+        panel = _lm_pointer(context, builder, sig.args[0], w, w_off, i8)
+        all_codes = _lm_pointer(context, builder, sig.args[2], ws, llir.Constant(i64, 0), i16)
+        codes = [builder.gep(all_codes, [builder.add(q_off, builder.mul(depth, llir.Constant(i64, u)))])
+                 for u in range(tokens)]
+        scales = _lm_pointer(context, builder, sig.args[2], ws, d_off, f32)
+        sums = _lm_pointer(context, builder, sig.args[2], ws, s_off, f32)
+        out = _lm_pointer(context, builder, sig.args[9], y, y_off, f32)
+        fma16 = _lm_ir_function(builder, "llvm.fma.v16f32", v16f, [v16f, v16f, v16f])
+        zero_i = llir.Constant(v16i, [0] * 16)
+        chains = max(1, 4 // tokens)   # independent integer sums per row of x (exact: any split)
+
+        def splat(value, vector):
+            one = builder.insert_element(llir.Constant(vector, None), value, llir.Constant(i32, 0))
+            return builder.shuffle_vector(one, llir.Constant(vector, None), llir.Constant(v16i, [0] * 16))
+
+        def fields(at):   # the PANEL f16 at byte pointer `at` as <16 x f32>, exactly
+            if _lm_target_has("f16c"):
+                return builder.fpext(builder.load(builder.bitcast(at, v16h.as_pointer()), align=1), v16f)
+            vector = llir.Constant(v16f, None)
+            for r in range(PANEL):
+                value = _lm_half(builder, builder.gep(at, [llir.Constant(i64, 2 * r)]))
+                vector = builder.insert_element(vector, value, llir.Constant(i32, r))
+            return vector
+
+        def block(b, accs):
+            span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
+            for line in range(0, PANEL * BLOCK_BYTES, 64):
+                _lm_prefetch(builder, span, PREFETCH_BYTES + line, 0)   # streamed: non-temporal
+            dw = fields(span)
+            mw = fields(builder.gep(span, [llir.Constant(i64, 2 * PANEL)])) if Q4 else None
+            at_b = builder.mul(b, llir.Constant(i64, BLOCK))
+            sums_i = [[zero_i] * chains for _ in range(tokens)]
+            for c in range(BLOCK // 4 if Q4 else BLOCK // 2):   # the units of 2 code bytes per row
+                raw = builder.load(builder.bitcast(builder.gep(span, [llir.Constant(i64, PANEL * (CODES_OFFSET + 2 * c))]),
+                                                   v32b.as_pointer()), align=1)
+                if Q4:   # low nibbles: elements 2c, 2c + 1 of each lane's row; high: 2c + 16, 2c + 17
+                    wide = builder.zext(raw, v32s)
+                    parts = [(builder.and_(wide, llir.Constant(v32s, [15] * 32)), 2 * c),
+                             (builder.lshr(wide, llir.Constant(v32s, [4] * 32)), 2 * c + BLOCK // 2)]
+                else:    # signed bytes: elements 2c, 2c + 1
+                    parts = [(builder.sext(raw, v32s), 2 * c)]
+                for h, (wq, element) in enumerate(parts):
+                    chain = (len(parts) * c + h) % chains
+                    for u in range(tokens):
+                        pair = builder.load(builder.bitcast(builder.gep(codes[u], [builder.add(at_b, llir.Constant(i64, element))]),
+                                                            i32.as_pointer()), align=2)
+                        xq = builder.bitcast(splat(pair, v16i), v32s)
+                        sums_i[u][chain] = _lm_dot_pairs(builder, sums_i[u][chain], wq, xq)
+            new = []
+            at_s = builder.mul(b, stride)
+            for u in range(tokens):
+                total = sums_i[u][0]
+                for more in sums_i[u][1:]:
+                    total = builder.add(total, more)
+                dx = builder.load(builder.gep(scales, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
+                sx = builder.load(builder.gep(sums, [builder.add(at_s, llir.Constant(i64, u))]), align=4) if Q4 else None
+                acc = builder.call(fma16, [builder.sitofp(total, v16f), builder.fmul(dw, splat(dx, v16f)), accs[u]])
+                new.append(builder.call(fma16, [mw, splat(sx, v16f), acc]) if Q4 else acc)
+            return new
+
+        results = _lm_vector_loop(builder, blocks, [llir.Constant(v16f, [0.0] * 16)] * tokens, block)
+        for u, result in enumerate(results):
+            at = builder.gep(out, [builder.mul(width, llir.Constant(i64, u))])
+            builder.store(result, builder.bitcast(at, v16f.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _lm_panel_typer(tokens):
+    def typer(typingctx, w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width):
+        return (types.none(w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width),
+                _lm_panel_codegen(tokens))
+
+    typer.__name__ = typer.__qualname__ = f"_lm_panel_{tokens}"
+    return typer
+
+
+_lm_panel_tile = intrinsic(_lm_panel_typer(TOKENS))
+_lm_panel_4 = intrinsic(_lm_panel_typer(4))
+_lm_panel_2 = intrinsic(_lm_panel_typer(2))
+_lm_panel_1 = intrinsic(_lm_panel_typer(1))
+'''
+
+
 def function_name(motif: str) -> str:
     return f"k_{motif}"
 
@@ -562,11 +678,15 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
               f"# motif {motif}: y = x . w^T, {dtype} w against x quantized to 16-bit codes per block of 32, "
               f"integer dot products (loomc/lower/qdot.py)\n")
     tile_rows, tile_tokens = tile_shape()
+    interleaved = INTERLEAVED[dtype]
+    if interleaved:
+        tile_tokens = interleaved_tokens()
     constants = (f"ROWS = {ROWS}\nPREFETCH_BYTES = {PREFETCH_BYTES}\nTILE_ROWS = {tile_rows}\nTOKENS = {tile_tokens}\n"
-                 f"BLOCK_BYTES = {BLOCK_BYTES[dtype]}\nCODES_OFFSET = {DTYPES[dtype].codes_offset}\n"
-                 f"Q4 = {dtype in ('q4_1', 'q4_1x4')}\nPANEL = {PANEL_ROWS[dtype]}\n")
-    driver = _DRIVER.replace("FUNCTION", function_name(motif))
-    return header + IMPORTS + "\n" + constants + VECTOR_LOOP_SOURCE + _INTRINSICS + "\n" + driver
+                 f"BLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\nCODES_OFFSET = {DTYPES[dtype].codes_offset}\n"
+                 f"Q4 = {DTYPES[dtype].panel_of == 'q4_1' or dtype == 'q4_1'}\nPANEL = {PANEL_ROWS[dtype]}\n")
+    driver = (_INTERLEAVED_DRIVER if interleaved else _DRIVER).replace("FUNCTION", function_name(motif))
+    intrinsics = _INTRINSICS + (_PANEL_INTRINSICS if interleaved else "")
+    return header + IMPORTS + "\n" + constants + VECTOR_LOOP_SOURCE + intrinsics + "\n" + driver
 
 
 def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:

@@ -1,15 +1,17 @@
-"""The integer-dot motifs `matmul_q4_1_i16`, `matmul_q8_0_i16` and `matmul_q4_1x4_i16`: the
-contract of docs/language.md §11 bit for bit, its error against f32, batch invariance, every
-SIMD class. `matmul_q4_1x4_i16` reads the same q4_1 blocks in row panels (`repack`), and must
-give `matmul_q4_1_i16`'s bits.
+"""The integer-dot motifs `matmul_q4_1_i16`, `matmul_q8_0_i16` (plain rows) and
+`matmul_q4_1x16_i16`, `matmul_q8_0x16_i16` (the same blocks `repack`ed into 16-row panels):
+the contracts of docs/language.md §11 bit for bit, their error against f32, batch invariance,
+every SIMD class.
 
-The contract (loomc/lower/qdot.py): each 32-block of a row of x becomes 16-bit codes
-q = rint(x * (1 / d)) with d = max |x| / 32767 (and s = d * sum(q)); per block the exact
-integer dot with the weight's codes in 16 lanes (lane j: elements 2j and 2j + 1), added
-as acc[j] = fma(f32(p[j]), dw * dx, acc[j]) in block order; q4_1 adds
+The contracts (loomc/lower/qdot.py): each 32-block of a row of x becomes 16-bit codes
+q = rint(x * (1 / d)) with d = max |x| / 32767 (and s = d * sum(q)). Plain rows: per block
+the exact integer dot with the weight's codes in 16 lanes (lane j: elements 2j and 2j + 1),
+added as acc[j] = fma(f32(p[j]), dw * dx, acc[j]) in block order; q4_1 adds
 mins = fma(mw, s, mins) in block order; then a fixed pairwise fold of the 16 lanes, + mins.
-The reference below computes that with exact rationals, each rounding once where the
-contract rounds, from the GGUF blocks that gguf's own quantizer wrote.
+Panels: per block the exact integer dot P of all 32 codes, acc = fma(f32(P), dw * dx, acc),
+then for q4_1 acc = fma(mw, s, acc), in block order. The references below compute that with
+exact rationals, each rounding once where the contract rounds, from the GGUF blocks that
+gguf's own quantizer wrote.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from loomc.check import load_files
 from loomc.lower import qdot
 from loomc.run.compile import compile_command
 from loomrt.prepare import panel_order
-from numerics_testlib import AVX2, AVX512, BASELINE, ZEN5, assert_same_bits_in_classes, f32_nearest, host_has, quantized
+from numerics_testlib import (AVX2, AVX512, BASELINE, QTYPES, ZEN5, assert_same_bits_in_classes, f32_nearest, host_has,
+                             quantize, quantized)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "qdot.loom"
-MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16", "q4_1x4": "matmul_q4_1x4_i16"}
+MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16", "q4_1x16": "matmul_q4_1x16_i16",
+         "q8_0x16": "matmul_q8_0x16_i16"}
+PLAIN = {"q4_1": "q4_1", "q8_0": "q8_0", "q4_1x16": "q4_1", "q8_0x16": "q8_0"}   # the blocks a dtype holds
 
 # The SIMD classes compiled in a subprocess: no AVX (plain vector IR), AVX2 (vpmaddwd on ymm),
 # AVX-512 of 2017 (vpmaddwd on zmm, no VNNI or FP16; one row of x on ymm halves), and the same
@@ -37,8 +42,8 @@ MOTIF = {"q4_1": "matmul_q4_1_i16", "q8_0": "matmul_q8_0_i16", "q4_1x4": "matmul
 
 
 def run_motif(dtype: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """The motif of `dtype` on `blocks` (plain q4_1 blocks for q4_1x4: repacked here)."""
-    if dtype == "q4_1x4":
+    """The motif of `dtype` on `blocks` (plain blocks; for panels, repacked here)."""
+    if dtype != PLAIN[dtype]:
         blocks = panel_order(blocks, dtype)
     y = np.zeros((x.shape[0], blocks.shape[0]), np.float32)
     workspace = np.zeros(qdot.workspace_elems(*x.shape), np.float32)
@@ -71,6 +76,8 @@ def fma(a, b, c) -> np.float32:
 
 
 def contract(dtype: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    if dtype != PLAIN[dtype]:
+        return panel_contract(PLAIN[dtype], x, blocks)
     dw, mw, wq = weight_codes(dtype, blocks)
     dx, sx, xq = activation_codes(x)
     y = np.zeros((x.shape[0], blocks.shape[0]), np.float32)
@@ -92,10 +99,30 @@ def contract(dtype: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     return y
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("t, k, n", [(1, 32, 1), (3, 96, 9), (5, 64, 13), (4, 576, 4), (9, 160, 6), (2, 1536, 3)])
+def panel_contract(plain: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """The panels' contract on plain blocks: a lane per row of w, no fold."""
+    dw, mw, wq = weight_codes(plain, blocks)
+    dx, sx, xq = activation_codes(x)
+    y = np.zeros((x.shape[0], blocks.shape[0]), np.float32)
+    for t in range(x.shape[0]):
+        dots = np.einsum("nbk,bk->nb", wq, xq[t])   # exact: int64
+        for n in range(blocks.shape[0]):
+            acc = np.float32(0)
+            for b in range(wq.shape[1]):
+                acc = fma(f32_nearest(Fraction(int(dots[n, b]))), dw[n, b] * dx[t, b], acc)
+                if mw is not None:
+                    acc = fma(mw[n, b], sx[t, b], acc)
+            y[t, n] = acc
+    return y
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q4_1x16", "q8_0x16"])
+@pytest.mark.parametrize("t, k, n", [(1, 32, 1), (3, 96, 9), (5, 64, 13), (4, 576, 4), (9, 160, 6), (2, 1536, 3),
+                                     (8, 64, 20), (15, 96, 17)])
 def test_bits_equal_the_contract(rng, dtype, t, k, n):
-    blocks, _ = quantized(rng, dtype, n, k)
+    # panels: whole panels of 16 rows; T = 15 runs tiles of 8, 4, 2 and 1 rows of x
+    n = n if dtype == PLAIN[dtype] else -(-n // 16) * 16
+    blocks, _ = quantized(rng, PLAIN[dtype], n, k)
     x = (rng.standard_normal((t, k)) * 3).astype(np.float32)
     x[0, :32] = 0   # an all-zero block: scale 0, codes 0
     if k >= 64:
@@ -103,22 +130,26 @@ def test_bits_equal_the_contract(rng, dtype, t, k, n):
     np.testing.assert_array_equal(run_motif(dtype, x, blocks), contract(dtype, x, blocks))
 
 
-@pytest.mark.parametrize("t, k, n", [(1, 32, 4), (1, 576, 12), (3, 96, 8), (4, 64, 16), (9, 160, 24), (2, 1536, 4)])
-def test_panels_give_the_bits_of_plain_rows(rng, t, k, n):
-    # T = 1 reads a panel's scales as one vector; T > 1 goes through the tiles row by row
-    blocks, _ = quantized(rng, "q4_1", n, k)
-    x = (rng.standard_normal((t, k)) * 3).astype(np.float32)
-    x[0, :32] = 0
-    np.testing.assert_array_equal(run_motif("q4_1x4", x, blocks), contract("q4_1", x, blocks))
+def test_q8_0_panels_round_a_dot_past_2_to_the_24_once(rng):
+    # all-positive weights and activations near their blocks' largest: |P| ~ 32 * 127 * 32767,
+    # past f32's exact integers, so f32(P) rounds; the contract rounds it once, to nearest
+    w = (1 + 0.01 * rng.standard_normal((16, 64))).astype(np.float32)
+    blocks = quantize(w, QTYPES["q8_0"])
+    x = (1 + 0.01 * rng.standard_normal((2, 64))).astype(np.float32)
+    _, _, wq = weight_codes("q8_0", blocks)
+    _, _, xq = activation_codes(x)
+    dots = np.einsum("nbk,tbk->tnb", wq, xq)
+    assert (np.abs(dots) > 2 ** 24).all() and any(int(f32_nearest(Fraction(int(p)))) != p for p in dots.ravel())
+    np.testing.assert_array_equal(run_motif("q8_0x16", x, blocks), contract("q8_0x16", x, blocks))
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q4_1x16", "q8_0x16"])
 def test_error_is_at_most_half_a_code_step(rng, dtype):
     # against y = x . dequantize(w)^T in float64: rounding x to codes moves each element by at
     # most d / 2, so |error| <= sum over blocks of d / 2 * sum |w| there, plus the f32 roundings
     # of the accumulation (far smaller: 1e-6 of sum |x w|)
-    t, k, n = 7, 576, 300
-    blocks, w = quantized(rng, dtype, n, k)
+    t, k, n = 7, 576, 304
+    blocks, w = quantized(rng, PLAIN[dtype], n, k)
     x = (rng.standard_normal((t, k)) * np.exp(rng.standard_normal((t, k)))).astype(np.float32)
     got = run_motif(dtype, x, blocks).astype(np.float64)
     exact = x.astype(np.float64) @ w.astype(np.float64).T
@@ -131,10 +162,10 @@ def test_error_is_at_most_half_a_code_step(rng, dtype):
     assert 0.005 < float(np.mean(np.abs(got - exact) / bound)) < 0.2
 
 
-@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q4_1x4"])
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q4_1x16", "q8_0x16"])
 def test_a_row_gives_the_same_bits_alone_or_batched(rng, dtype):
-    rows = 24 if dtype == "q4_1x4" else 23   # 5 tasks of 4 rows of w and a partial one (panels: whole)
-    blocks, _ = quantized(rng, "q4_1" if dtype == "q4_1x4" else dtype, rows, 192)
+    rows = 23 if dtype == PLAIN[dtype] else 48   # plain: 5 tasks of 4 rows of w and a partial one; panels: 3
+    blocks, _ = quantized(rng, PLAIN[dtype], rows, 192)
     x = (rng.standard_normal((11, 192)) * 2).astype(np.float32)
     batched = run_motif(dtype, x, blocks)
     for lo, hi in [(0, 1), (3, 4), (0, 4), (1, 6), (2, 11), (10, 11)]:
@@ -165,31 +196,33 @@ def test_launch_arguments_refuse_what_the_driver_cannot_read(rng):
     with pytest.raises(ValueError, match="do not make"):
         qdot.launch_arguments("matmul_q8_0_i16", [x, blocks, np.zeros((3, 8), np.float32)], ws)
     with pytest.raises(ValueError, match="whole panels"):
-        qdot.launch_arguments("matmul_q4_1x4_i16", [x, blocks[:6], np.zeros((3, 6), np.float32)], ws)
+        qdot.launch_arguments("matmul_q4_1x16_i16", [x, blocks[:6], np.zeros((3, 6), np.float32)], ws)
 
 
 def compute_all(data: dict) -> dict:
     """The motifs on `data` (x and each dtype's blocks): run here and in the subprocesses."""
-    return {d: run_motif(d, data["x"], data[d]) for d in ("q4_1", "q8_0", "q4_1x4")}
+    return {d: run_motif(d, data["x"], data[d]) for d in MOTIF}
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
                     reason="the SIMD classes compared here are x86-64's")
 def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
     classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512, ZEN5] if host_has("avx512bw") else [])
-    data = {"x": (rng.standard_normal((6, 96)) * 2).astype(np.float32)}   # 4 rows in tiles, 2 alone (T = 1's path)
-    for dtype in ("q4_1", "q8_0"):
-        data[dtype], _ = quantized(rng, dtype, 9, 96)
-    data["q4_1x4"], _ = quantized(rng, "q4_1", 12, 96)   # q4_1 blocks, repacked by run_motif
+    # plain rows: 4 rows of x in tiles, 2 alone (T = 1's path); panels: tiles of 4 and 2 (AVX-512: 2 of 1)
+    data = {"x": (rng.standard_normal((6, 96)) * 2).astype(np.float32)}
+    for dtype in MOTIF:
+        data[dtype], _ = quantized(rng, PLAIN[dtype], 9 if dtype == PLAIN[dtype] else 32, 96)   # repacked by run_motif
     assert_same_bits_in_classes(classes, "test_qdot_motif:compute_all", data, compute_all(data), tmp_path)
 
 
 @pytest.mark.skipif(not host_has("avx2"), reason="vpmaddwd is emitted for AVX2 and AVX-512 hosts")
-@pytest.mark.parametrize("motif", ["matmul_q4_1_i16", "matmul_q4_1x4_i16"])
+@pytest.mark.parametrize("motif", ["matmul_q4_1_i16", "matmul_q4_1x16_i16", "matmul_q8_0x16_i16"])
 def test_the_hot_loop_uses_the_integer_dot_instruction(tmp_path, motif):
     import re
 
     function = qdot.load_function(motif, tmp_path)   # a fresh cache: numba keeps no asm for cached code
     function(*qdot.argument_examples(motif))
     asm = function.inspect_asm(function.signatures[0])
-    assert re.search(r"\bvpmaddwd\b", asm), "no vpmaddwd in the compiled motif"
+    # panels on AVX-512 VNNI hosts: vpdpwssd (the multiply and the add in one)
+    want = "vpdpwssd" if motif != "matmul_q4_1_i16" and host_has("avx512_vnni") else "vpmaddwd"
+    assert re.search(rf"\b{want}\b", asm), f"no {want} in the compiled motif"

@@ -7,6 +7,7 @@ import pytest
 from numerics_testlib import random_blocks
 
 from loomc.check.document import load_document
+from loomc.dtypes import DTYPES, PANEL_TYPES
 from loomc.run.compile import compile_command
 
 SCOUT = Path(__file__).resolve().parents[2] / "samples" / "scout" / "model.json"
@@ -18,8 +19,8 @@ def random_params(plan, rng):
         dims = tuple(d.constant for d in spec.dims)
 
         def one():
-            if spec.dtype in ("q4_0", "q4_1", "q8_0", "q4_1x4"):   # random blocks: a panel's order is as random
-                plain = "q4_1" if spec.dtype == "q4_1x4" else spec.dtype
+            if spec.dtype in ("q4_0", "q4_1", "q8_0", *PANEL_TYPES):   # random blocks: a panel's order is as random
+                plain = DTYPES[spec.dtype].panel_of or spec.dtype
                 return random_blocks(rng, plain, dims, scale=0.01 if plain == "q4_1" else 0.02)
             return (1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32)
 
@@ -39,7 +40,8 @@ def test_scout_prefill_decode_runs(scout):
     program, params = scout
     plan = program.plan
     assert len(plan.dispatches) == 2 + 1 + 30 * 9 + 4  # embed, place image rows, first norm, 9 per layer, gather, norm, LM head, sample
-    assert plan.params["wqkv"].family == (0, 30) and plan.params["wqkv"].dtype == "q4_1x4" and plan.params["token_embd"].dtype == "q8_0"
+    assert plan.params["wqkv"].family == (0, 30) and plan.params["wqkv"].dtype == "q4_1x16" and plan.params["token_embd"].dtype == "q8_0"
+    assert plan.params["lm_head"].dtype == "q8_0x16"
     pages = 8
     shape = (pages, 30, 16, 192)
     state = {"k_cache": np.zeros(shape, np.float32), "v_cache": np.zeros(shape, np.float16)}   # samples/scout/model.loom

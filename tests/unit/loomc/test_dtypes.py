@@ -18,10 +18,10 @@ from loomc.run import launch
 
 def test_table_order_and_kinds():
     assert list(DTYPES) == ["bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
-                            "f16", "bf16", "f32", "f64", "q4_0", "q4_1", "q8_0", "q4_1x4"]
+                            "f16", "bf16", "f32", "f64", "q4_0", "q4_1", "q8_0", "q4_1x16", "q8_0x16"]
     assert all(d.kind in dtypes.KINDS and d.name == name for name, d in DTYPES.items())
-    assert dtypes.names("quantized") == ("q4_0", "q4_1", "q8_0", "q4_1x4")
-    assert dtypes.PANEL_TYPES == ("q4_1x4",)
+    assert dtypes.names("quantized") == ("q4_0", "q4_1", "q8_0", "q4_1x16", "q8_0x16")
+    assert dtypes.PANEL_TYPES == ("q4_1x16", "q8_0x16")
     with pytest.raises(ValueError, match="unknown dtype kind"):
         dtypes.names("complex")
 
@@ -66,12 +66,12 @@ def test_derived_tables_agree():
     assert T.STORAGE_TYPES == tuple(DTYPES)
     assert T.BITS == ir.BITS == {t: DTYPES[t].bits for t in ir.DTYPES}
     assert T.QUANT_BLOCK == {t: ir.QUANT_BLOCK_ELEMS for t in ir.QUANT_DTYPES}
-    assert ir.QUANT_BLOCK_BYTES == {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q4_1x4": 20}
-    assert T.PANEL_ROWS == {"q4_1x4": 4}
+    assert ir.QUANT_BLOCK_BYTES == {"q4_0": 18, "q4_1": 20, "q8_0": 34, "q4_1x16": 20, "q8_0x16": 34}
+    assert T.PANEL_ROWS == {"q4_1x16": 16, "q8_0x16": 16}
     assert T.INT_RANGES["i8"] == (-128, 127) and T.INT_RANGES["u64"] == (0, 2 ** 64 - 1)
     # The bytecode's type enum is append-only wire format, so it is spelled out, but it names
     # exactly the dtypes there are.
-    assert set(schema.SCALAR_TYPES) == set(DTYPES)
+    assert set(schema.live(schema.SCALAR_TYPES)) == set(DTYPES)
 
 
 def test_renderer_spellings():

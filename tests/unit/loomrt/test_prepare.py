@@ -120,18 +120,25 @@ def test_reshape(tmp_path, rng):
 
 
 def test_repack_interleaves_rows_in_panels(tmp_path, rng):
-    w = f32(rng, 8, 64)
-    out = prepare(tmp_path, 'param p: q4_1x4[8, dim] = repack(quantize(checkpoint("w"), q4_1), q4_1x4)\n'
-                            'param d: f32[8, dim] = cast(repack(quantize(checkpoint("w"), q4_1), q4_1x4), f32)\n', {"w": w})
-    plain = quantize(w, Q.Q4_1).reshape(2, 4, 2, 20)   # 2 panels of 4 rows, 2 blocks of 20 bytes per row
-    assert out["p"].shape == (8, 40) and out["p"].dtype == np.uint8 and out["p"].flags.c_contiguous
-    panels = out["p"].reshape(2, 2, 80)                # per panel and block: 4 x (d, m), then 4 x 16 code bytes
-    for g in range(2):
-        for b in range(2):
-            for r in range(4):
-                assert bytes(panels[g, b, 4 * r:4 * r + 4]) == bytes(plain[g, r, b, :4])
-                assert bytes(panels[g, b, 16 + 16 * r:32 + 16 * r]) == bytes(plain[g, r, b, 4:])
-    np.testing.assert_array_equal(out["d"], dequantize(quantize(w, Q.Q4_1), Q.Q4_1))   # a cast reads panels back
+    w = f32(rng, 32, 64)
+    out = prepare(tmp_path, 'param p: q4_1x16[32, dim] = repack(quantize(checkpoint("w"), q4_1), q4_1x16)\n'
+                            'param e: q8_0x16[32, dim] = repack(quantize(checkpoint("w"), q8_0), q8_0x16)\n'
+                            'param d: f32[32, dim] = cast(repack(quantize(checkpoint("w"), q4_1), q4_1x16), f32)\n'
+                            'param f: f32[32, dim] = cast(repack(quantize(checkpoint("w"), q8_0), q8_0x16), f32)\n',
+                  {"w": w})
+    for name, qtype, size, head in (("p", Q.Q4_1, 20, 4), ("e", Q.Q8_0, 34, 2)):
+        plain = quantize(w, qtype).reshape(2, 16, 2, size)   # 2 panels of 16 rows, 2 blocks per row
+        assert out[name].shape == (32, 2 * size) and out[name].dtype == np.uint8 and out[name].flags.c_contiguous
+        panels = out[name].reshape(2, 2, 16 * size)       # per panel and block: the rows' fields, then codes,
+        for g in range(2):                                # each 2 bytes per row at a time
+            for b in range(2):
+                for r in range(16):
+                    for unit in range(size // 2):
+                        at = 32 * unit + 2 * r
+                        assert bytes(panels[g, b, at:at + 2]) == bytes(plain[g, r, b, 2 * unit:2 * unit + 2])
+    # a cast reads panels back
+    np.testing.assert_array_equal(out["d"], dequantize(quantize(w, Q.Q4_1), Q.Q4_1))
+    np.testing.assert_array_equal(out["f"], dequantize(quantize(w, Q.Q8_0), Q.Q8_0))
 
 
 def test_composed_preparation(tmp_path, rng):
@@ -162,11 +169,11 @@ def test_missing_tensor(tmp_path, rng):
 
 
 def test_repack_refusals(tmp_path, rng):
-    e = failure(tmp_path, 'param p: q4_1x4[4, dim] = repack(quantize(checkpoint("w"), q8_0), q4_1x4)\n',
-                {"w": f32(rng, 4, 64)})
-    assert e.message == "param 'p' (w): repack to q4_1x4 takes a q4_1 tensor, got q8_0[4, 64]"
-    e = failure(tmp_path, 'param p: q4_1x4[4, 2 * dim] = concat([repack(quantize(checkpoint("w"), q4_1), q4_1x4), '
-                          'repack(quantize(checkpoint("w"), q4_1), q4_1x4)], 1)\n', {"w": f32(rng, 4, 64)})
+    e = failure(tmp_path, 'param p: q4_1x16[16, dim] = repack(quantize(checkpoint("w"), q8_0), q4_1x16)\n',
+                {"w": f32(rng, 16, 64)})
+    assert e.message == "param 'p' (w): repack to q4_1x16 takes a q4_1 tensor, got q8_0[16, 64]"
+    e = failure(tmp_path, 'param p: q4_1x16[16, 2 * dim] = concat([repack(quantize(checkpoint("w"), q4_1), q4_1x16), '
+                          'repack(quantize(checkpoint("w"), q4_1), q4_1x16)], 1)\n', {"w": f32(rng, 16, 64)})
     assert "would split its panels" in e.message
 
 

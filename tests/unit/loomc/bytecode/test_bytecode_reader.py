@@ -260,3 +260,12 @@ def test_a_table_built_by_hand_reads():
     """`pack` is the whole container format: sections in any table order are fine."""
     parts = sections(write_module(parse_module(SOURCE)))
     assert read_module(pack(parts[::-1]), "t.loombc").items == parse_module(SOURCE).items
+
+
+def test_a_retired_type_code_is_refused_by_name():
+    # q4_1x4's code stays taken after its type was retired: a file from before still reads up
+    # to it, then names what it was
+    item = parse_module("config x: q4_1x16[16] = 0\n").items[0]
+    item.type.dtype = "retired q4_1x4"
+    exc = rejected(encode_items([item]))
+    assert "the retired q4_1x4, which this compiler no longer has" in exc.message

@@ -276,18 +276,18 @@ CASES = {
         param w: q4_1[64, 48] = checkpoint("w")
         """, [("L0405", 1, 19)]),
     "panel rows do not divide": ("""
-        param w: q4_1x4[6, 64] = repack(checkpoint("w"), q4_1x4)
-        """, [("L0405", 1, 17)]),
+        param w: q4_1x16[24, 64] = repack(checkpoint("w"), q4_1x16)
+        """, [("L0405", 1, 18)]),
     "a kernel indexes panels": ("""
-        kernel k(w: q4_1x4[N, 32], out y: f32[N]) {
+        kernel k(w: q8_0x16[N, 32], out y: f32[N]) {
             parallel for n in 0..N {
                 y[n] = w[n, 0]
             }
         }
         """, [("L0307", 3, 16)]),
     "quantize to panels": ("""
-        param w: q4_1x4[4, 64] = quantize(checkpoint("w"), q4_1x4)
-        """, [("L0604", 1, 52)]),
+        param w: q4_1x16[16, 64] = quantize(checkpoint("w"), q4_1x16)
+        """, [("L0604", 1, 54)]),
     "repack to a plain type": ("""
         param w: q4_1[4, 64] = repack(checkpoint("w"), q4_1)
         """, [("L0604", 1, 48)]),
