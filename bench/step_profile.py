@@ -42,7 +42,8 @@ def timed_run(steps: list[list[tuple[str, float]]]):
         for fn, args in plan.calls:
             start = time.perf_counter()
             fn(*args)
-            record.append((getattr(fn, "__name__", repr(fn)), time.perf_counter() - start))
+            elapsed = time.perf_counter() - start   # before the name: a dispatcher's repr is not free
+            record.append((getattr(fn, "__name__", None) or repr(fn), elapsed))
         steps.append(record)
         results = {name: buf.copy() for name, buf in plan.results.items()}
         last_return[0] = time.perf_counter()

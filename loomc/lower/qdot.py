@@ -61,8 +61,9 @@ codes holds elements 2c and 2c + 1 of every row, lane by lane. Each such vector 
 broadcast of the same two activation codes: one `vpdpwssd` per 2 elements of 16 rows and a
 row of x, with no fold, and the scales' conversion, product and fmas serve 16 rows at once.
 The plain rows' tile spends a multiply, a conversion and an fma per (row of w, row of x,
-block) besides the dot; at T = 8 the panels ran scout's projections 2.2-3.4x faster, at
-T = 1 1.3-1.8x with the weights hot (bench/panels.py, the Zen 5 machine).
+block) besides the dot; against it the panels ran scout's projections 1.2-2.6x faster at
+T = 8, 2.3-3.0x at T = 128 and 1.4-1.9x at T = 1 with the weights hot, and the LM head 2.65x
+at T = 8 (bench/panels.py, the Zen 5 machine; docs/performance.md).
 
 Plain rows ask for the cache line PREFETCH_BYTES ahead of the block each reads. Decode streams
 each weight once per step from memory (scout's 96 MB against a 32 MB last-level cache on the
