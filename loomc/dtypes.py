@@ -47,11 +47,10 @@ class DType:
     codes_offset: int = 0
     # Panels: `panel_of`'s blocks with rows interleaved in groups of `panel_rows` (P). The
     # storage array keeps its shape; the P rows of group g hold, per block b, P * block_bytes
-    # bytes: the P rows' scale fields, then the P rows' codes. Within each of the two parts a
-    # row gives `panel_unit` bytes at a time, unit by unit ([unit][row][bytes]); 0 means the
-    # whole part at once ([row][bytes]). Same bytes, another order: one stream per group, and
-    # the P rows' scales, or their codes of one unit, are one load. Only the integer-dot
-    # motifs read panels; only `repack` makes them.
+    # bytes: the P rows' scale fields, then the P rows' codes, each part `panel_unit` bytes
+    # per row at a time ([unit][row][bytes]). Same bytes, another order: one stream per group,
+    # and one load gives a field of all P rows, or a unit of all P rows' codes. Only the
+    # integer-dot motifs read panels; only `repack` makes them.
     panel_of: str | None = None
     panel_rows: int = 0
     panel_unit: int = 0

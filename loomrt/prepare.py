@@ -83,7 +83,7 @@ def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarr
     by_row = plain.reshape(*lead, groups, p, blocks, size)
     by_block = panels.reshape(*lead, groups, blocks, p * size)
     for start, stop in ((0, head), (head, size)):
-        unit = d.panel_unit or stop - start
+        unit = d.panel_unit
         units = (stop - start) // unit
         # the part as [..., group, block, unit, row, bytes] in the panels and, by the same
         # indices, in plain rows: views, copied without a temporary

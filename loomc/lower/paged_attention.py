@@ -57,7 +57,9 @@ from loomc.lower.attention import SOFTMAX_VECTOR_SOURCE
 from loomc.lower.qdot import IR_HELPERS_SOURCE
 
 # The motifs this module serves: name -> the (keys, values) caches' dtypes. An f16 cache
-# reaches the driver as its uint16 bits; each task widens what it reads of it, exactly.
+# reaches the driver as its uint16 bits; each task widens what it reads of it, exactly: the
+# tile's tasks into a copy of their rows, a decode task's few lanes as each row is loaded (the
+# copy was 15 % of such a task; a decode call at 8 rows and 190 positions went 58 -> 55 us).
 MOTIFS = {"attention_paged": ("f32", "f32"), "attention_paged_f16v": ("f32", "f16")}
 LANES = 16   # (token, head) pairs per task: the tile's vector width
 assert matmul.PANEL_ROWS == LANES, "the scores' rows are the tile's vectors"
@@ -65,6 +67,27 @@ FEW = 4      # at most this many lanes (a decode token's heads of one kv head), 
 
 FEW_SOURCE = '''
 from numba.extending import overload
+
+
+def _lm_widen_halves(builder, bits, n):
+    # <n x i16> f16 bits -> <n x f32>, exactly: vcvtph2ps with F16C; else the integer path of
+    # numba_helpers' _lm_f16_from_bits (inf and nan included)
+    from llvmlite import ir as llir
+
+    f32, i32 = llir.FloatType(), llir.IntType(32)
+    vf, vi = llir.VectorType(f32, n), llir.VectorType(i32, n)
+    if _lm_target_has("f16c"):
+        return builder.fpext(builder.bitcast(bits, llir.VectorType(llir.HalfType(), n)), vf)
+
+    def c(x):
+        return llir.Constant(vi, [x] * n)
+    h = builder.zext(bits, vi)
+    mag = builder.fmul(builder.bitcast(builder.shl(builder.and_(h, c(0x7FFF)), c(13)), vf),
+                       llir.Constant(vf, [5.192296858534828e33] * n))
+    out = builder.bitcast(mag, vi)
+    special = builder.icmp_unsigned("==", builder.and_(h, c(0x7C00)), c(0x7C00))
+    out = builder.select(special, builder.or_(out, c(0x7F800000)), out)
+    return builder.bitcast(builder.or_(out, builder.shl(builder.and_(h, c(0x8000)), c(16))), vf)
 
 
 def _lm_few_codegen(kind):
@@ -131,8 +154,10 @@ def _lm_few_codegen(kind):
                 vstore(accs[i], builder.gep(sc, [c64(16 * i)]))
         else:
             # (st, st_off, vf, base, ld, kb, E, acc): acc[i * E + e] continues its chain over keys
-            # n < kb with fma(st[(st_off + n) * 16 + i], vf[base + n * ld + e], .), lanes i < FEW
+            # n < kb with fma(st[(st_off + n) * 16 + i], vf[base + n * ld + e], .), lanes i < FEW;
+            # an f16 cache's values (uint16 bits) widened as they are loaded, exactly
             st, vf, acc = data(0), data(2), data(7)
+            halves = sig.args[2].dtype == types.uint16
             st_off, base, ld, kb, depth = values[1], values[3], values[4], values[5], values[6]
 
             def chunk(c, unused):
@@ -140,7 +165,12 @@ def _lm_few_codegen(kind):
                 slots = [builder.gep(acc, [builder.add(builder.mul(depth, c64(i)), off)]) for i in range(FEW)]
 
                 def key(n, accs):
-                    row = vload(builder.gep(vf, [builder.add(builder.add(base, builder.mul(n, ld)), off)]))
+                    value_at = builder.gep(vf, [builder.add(builder.add(base, builder.mul(n, ld)), off)])
+                    if halves:
+                        bits = builder.bitcast(value_at, llir.VectorType(llir.IntType(16), 16).as_pointer())
+                        row = _lm_widen_halves(builder, builder.load(bits, align=2), 16)
+                    else:
+                        row = vload(value_at)
                     at = builder.mul(builder.add(st_off, n), c64(16))
                     return [builder.call(fma, [splat(builder.gep(st, [builder.add(at, c64(i))])), row, accs[i]])
                             for i in range(FEW)]
@@ -199,24 +229,9 @@ def _lm_widen_codegen(context, builder, sig, args):
     src, base, count, ld, width, dst, at = _lm_arguments(context, builder, sig, args)
     source = context.make_array(sig.args[0])(context, builder, src).data
     target = builder.bitcast(context.make_array(sig.args[5])(context, builder, dst).data, f32.as_pointer())
-    def widen(bits, n):   # <n x i16> -> <n x f32>
-        vf, vi = llir.VectorType(f32, n), llir.VectorType(i32, n)
-        if _lm_target_has("f16c"):
-            return builder.fpext(builder.bitcast(bits, llir.VectorType(llir.HalfType(), n)), vf)
-
-        def c(x):
-            return llir.Constant(vi, [x] * n)
-        h = builder.zext(bits, vi)
-        mag = builder.fmul(builder.bitcast(builder.shl(builder.and_(h, c(0x7FFF)), c(13)), vf),
-                           llir.Constant(vf, [5.192296858534828e33] * n))
-        out = builder.bitcast(mag, vi)
-        special = builder.icmp_unsigned("==", builder.and_(h, c(0x7C00)), c(0x7C00))
-        out = builder.select(special, builder.or_(out, c(0x7F800000)), out)
-        return builder.bitcast(builder.or_(out, builder.shl(builder.and_(h, c(0x8000)), c(16))), vf)
-
     def move(from_at, to_at, n):
         bits = builder.load(builder.bitcast(builder.gep(source, [from_at]), llir.VectorType(i16, n).as_pointer()), align=2)
-        value = widen(bits, n)
+        value = _lm_widen_halves(builder, bits, n)
         builder.store(value, builder.bitcast(builder.gep(target, [to_at]), value.type.as_pointer()), align=4)
 
     chunks = builder.sdiv(width, llir.Constant(i64, 16))
@@ -259,11 +274,11 @@ def _lm_f32_rows_typed(cache, bases, nk, S, KD, E):
     if cache.dtype != types.uint16:
         return lambda cache, bases, nk, S, KD, E: (cache, bases, KD)
 
-    def widened(cache, bases, nk, S, KD, E):
+    def widened(cache, bases, nk, S, KD, E):   # the pages holding keys 0 .. nk - 1 (none for nk = 0)
         pages = bases.size
-        wide = np.empty(pages * S * E, np.float32)
+        wide = np.empty(min(pages, (nk + S - 1) // S) * S * E, np.float32)
         starts = np.full(pages, -1, np.int64)
-        for pi in range(pages):
+        for pi in range(min(pages, (nk + S - 1) // S)):
             if bases[pi] >= 0:
                 starts[pi] = pi * S * E
                 _lm_widen_rows(cache, bases[pi], min(S, nk - pi * S), KD, E, wide, starts[pi])
@@ -327,15 +342,18 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
             bases[pi] = ((page * L + layer) * S) * KD + g * E
             _lm_prefetch_rows(kf, bases[pi], min(S, nk - pi * S), KD, E)
             _lm_prefetch_rows(vf, bases[pi], min(S, nk - pi * S), KD, E)
+    few = lanes <= FEW and E % 16 == 0   # a decode token's heads: keys, not lanes, fill the vectors
     kw, kb, kl = _lm_f32_rows(kf, bases, nk, S, KD, E)
-    vw, vb, vl = _lm_f32_rows(vf, bases, nk, S, KD, E)
-    _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, vw, kb, kl, vb, vl, E, scale, o)
+    # values as f32 for the tile; `few` reads them in place, an f16 cache's widened as loaded
+    vw, vb, vl = _lm_f32_rows(vf, bases, 0 if few else nk, S, KD, E)
+    _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, vw, kb, kl, vb, vl, vf, few, E, scale, o)
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
-def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, vbases, vld, E, scale, o):
+def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, vbases, vld, cache, few, E, scale, o):
     # the task's lanes against f32 keys and values: page pi's key j at kf[bases[pi] + j * ld],
-    # its value at vf[vbases[pi] + j * vld]
+    # its value at vf[vbases[pi] + j * vld] (`few`: at cache[bases[pi] + j * ld], the values'
+    # cache itself)
     qp = np.zeros(E * 16, np.float32)
     for e in range(E):
         for i in range(lanes):
@@ -343,7 +361,6 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
     # the scores, st[n * 16 + i] = q_i . k_n: one fma chain over e from +0.0 per element
     st = np.zeros(pages * S * 16, np.float32)
     ok = np.zeros(pages, np.bool_)
-    few = lanes <= FEW and E % 16 == 0   # a decode token's heads: keys, not lanes, fill the vectors
     sc = np.zeros(FEW * 16, np.float32)
     for pi in range(pages):
         ok[pi] = bases[pi] >= 0
@@ -386,7 +403,7 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
         acc = np.zeros(FEW * E, np.float32)
         for pi in range(pages):
             if ok[pi]:
-                _lm_values_few(st, pi * S, vf, vbases[pi], vld, min(S, nk - pi * S), E, acc)
+                _lm_values_few(st, pi * S, cache, bases[pi], ld, min(S, nk - pi * S), E, acc)
         for i in range(lanes):
             for e in range(E):
                 o[tok[i], col[i] + e] = acc[i * E + e]

@@ -567,9 +567,11 @@ def _lm_panel_codegen(tokens):
         # (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width):
         # y[y_off + u * width + r], r < PANEL, for the panel from byte w_off against the
         # `tokens` quantized rows of x from q_off (depth codes apart) and d_off / s_off (block
-        # b's at b * stride). Per block a span of PANEL * BLOCK_BYTES bytes: the rows' d, their
-        # m, then 8 units of the rows' code bytes 2c, 2c + 1 (row r at bytes 2r, 2r + 1): as 16-bit
-        # codes, low nibbles are elements 2c, 2c + 1 of lane r, high nibbles 2c + 16, 2c + 17
+        # b's at b * stride). Per block a span of PANEL * BLOCK_BYTES bytes: the rows' d, (q4_1)
+        # their m, then units c of the rows' code bytes 2c, 2c + 1 (row r at bytes 2r, 2r + 1 of
+        # the unit), 8 for q4_1, 16 for q8_0: widened to 16-bit codes, lane r holds q4_1's
+        # elements 2c, 2c + 1 in the low nibbles and 2c + 16, 2c + 17 in the high ones, q8_0's
+        # elements 2c, 2c + 1
         from llvmlite import ir as llir
 
         f32, i8, i16, i32, i64 = (llir.FloatType(), llir.IntType(8), llir.IntType(16), llir.IntType(32),

@@ -151,11 +151,14 @@ def test_first_audio_is_written_before_the_last_sentence_is_synthesized(server):
     second taken, so the order in the journal holds on any machine, however loaded."""
     start = newest_id(server)
     audio_of(speak(server, {**SPEC_BODY, "input": FIVE + " " + SIXTH}))
-    # the request's outcome entry is published just after its last block reached the client
+    # the request's outcome entry is published just after its last block reached the client;
+    # an earlier test's request may publish its own after `start` too, so ours is the request
+    # that wrote a sixth block
     deadline = time.monotonic() + 60
     while True:
         entries = journal(server, start)
-        done = [e for e in entries if e["event"] == "request" and e.get("kind") == "speech"]
+        sixth = {e["request"] for e in entries if e["event"] == "speech_block" and e["block"] == 5}
+        done = [e for e in entries if e["event"] == "request" and e.get("kind") == "speech" and e["request"] in sixth]
         if done or time.monotonic() > deadline:
             break
         time.sleep(0.05)  # poll interval; the deadline bounds the wait
