@@ -58,7 +58,7 @@ def main() -> None:
     plain_motif, panel_motif = qdot.load_function(motif_of[plain_type]), qdot.load_function(motif_of[args.dtype])
 
     def calls(shapes: list[tuple[int, int, int]]):
-        """(base calls, new calls, weight bytes): one (x, w, y, workspace) per (N, K, T)."""
+        """(plain calls, panel calls, weight bytes): one (x, w, y, workspace) per (N, K, T)."""
         plain, panel, nbytes = [], [], 0
         for n, k, t in shapes:
             blocks, _ = quantized(rng, plain_type, n, k)

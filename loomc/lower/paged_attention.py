@@ -274,11 +274,11 @@ def _lm_f32_rows_typed(cache, bases, nk, S, KD, E):
     if cache.dtype != types.uint16:
         return lambda cache, bases, nk, S, KD, E: (cache, bases, KD)
 
-    def widened(cache, bases, nk, S, KD, E):   # the pages holding keys 0 .. nk - 1 (none for nk = 0)
-        pages = bases.size
-        wide = np.empty(min(pages, (nk + S - 1) // S) * S * E, np.float32)
-        starts = np.full(pages, -1, np.int64)
-        for pi in range(min(pages, (nk + S - 1) // S)):
+    def widened(cache, bases, nk, S, KD, E):
+        pages = min(bases.size, (nk + S - 1) // S)   # those holding keys 0 .. nk - 1 (none for nk = 0)
+        wide = np.empty(pages * S * E, np.float32)
+        starts = np.full(bases.size, -1, np.int64)
+        for pi in range(pages):
             if bases[pi] >= 0:
                 starts[pi] = pi * S * E
                 _lm_widen_rows(cache, bases[pi], min(S, nk - pi * S), KD, E, wide, starts[pi])
