@@ -130,7 +130,7 @@ def k_attention(qkv, y, heads, S, scale, ws):
         # each row softmaxed in place with softmax_scaled's operations
         for q in range(nq):
             for j in range(min(NR, S - (q0 + q) * NR)):
-                _lm_softmax_row(s, (q * NR + j) * NP, S, scale)
+                _lm_softmax_row(s, (q * NR + j) * NP, S, scale, 0)
         # the output rows: one fma chain over keys per element, in slices shared by the value panels
         acc = carray(_lm_alloca(ACC_ELEMS, np.float32), (ACC_ELEMS,))   # the first slice starts each chain from +0.0
         for t in range(slices):
@@ -304,10 +304,12 @@ def _lm_mul16(typingctx, s, off, count, factor):
 
 SOFTMAX_ROW_SOURCE = '''
 @njit(cache=True, fastmath=False, error_model="numpy")
-def _lm_softmax_row(s, row, N, scale):
+def _lm_softmax_row(s, row, N, scale, spare):
     # s[row + n] = softmax_scaled's value of s[row + n] * scale over n < N, its operations in its
     # order: whole vectors of 16 (32 for the sum) as LLVM IR, the rest as softmax_scaled's loops
-    # (unsigned indices, as in generated kernels: no negative-index wrap to check)
+    # (unsigned indices, as in generated kernels: no negative-index wrap to check). A row with
+    # `spare` elements after it that it may overwrite (15 or more) runs exp and the multiply in
+    # whole vectors only, the same operations on each element
     part = carray(_lm_alloca(16, np.float32), (16,))
     for z in range(16):
         part[z] = np.float32(-3.0000000054977558e+38)
@@ -317,8 +319,9 @@ def _lm_softmax_row(s, row, N, scale):
         top = _lm_max(top, s[np.uint64(row + n)] * scale)
     for z in range(16):
         top = _lm_max(top, part[z])
-    _lm_exp16(s, row, N // 16, scale, top)
-    for n in range(N // 16 * 16, N):
+    whole = (N + min(spare, 15)) // 16
+    _lm_exp16(s, row, whole, scale, top)
+    for n in range(whole * 16, N):
         x = _lm_max(s[np.uint64(row + n)] * scale - top, np.float32(-87.0))
         kk = np.floor(x * np.float32(1.4426950216293335) + np.float32(0.5))
         r = _lm_fma(kk, np.float32(-0.693359375), x)
@@ -346,8 +349,8 @@ def _lm_softmax_row(s, row, N, scale):
     _lm_fold(lanes, 1)
     total = np.float32(0.0) + lanes[0]
     inv = np.float32(1.0) / total
-    _lm_mul16(s, row, N // 16, inv)
-    for n in range(N // 16 * 16, N):
+    _lm_mul16(s, row, whole, inv)
+    for n in range(whole * 16, N):
         s[np.uint64(row + n)] = s[np.uint64(row + n)] * inv
 '''
 

@@ -37,7 +37,10 @@ in its own buffers (scores: 64 bytes per key), so nothing is packed per call but
 A task of at most FEW lanes (a decode token: scout's 3 heads per kv head) would leave most of
 the tile's 16 lanes idle, so, when heads have a multiple of 16 features, it runs the same
 chains with keys in the vector lanes for the scores (each 16 x 16 block of keys and features loaded by rows and transposed in registers)
-and features in the vector lanes for the values.
+and features in the vector lanes for the values. When every page of its keys is present, such
+a task also keeps each lane's scores as one row of keys and runs the `attention` motif's row
+softmax on it (`_lm_attend_rows`): the 16-lane columns spent the softmax's passes on 3 live
+lanes of 16. A hot decode call at 8 rows and 190 positions went 58 -> 41 us, same bits.
 
 A decode step reads each layer's keys and values once, long after the step before evicted
 them, so a task first asks for every cache line of the keys and values it will read
@@ -53,7 +56,7 @@ import numpy as np
 
 from loomc import LOOMC_VERSION
 from loomc.lower import matmul
-from loomc.lower.attention import SOFTMAX_VECTOR_SOURCE
+from loomc.lower.attention import SOFTMAX_ROW_SOURCE, SOFTMAX_VECTOR_SOURCE
 from loomc.lower.qdot import IR_HELPERS_SOURCE
 
 # The motifs this module serves: name -> the (keys, values) caches' dtypes. An f16 cache
@@ -120,13 +123,13 @@ def _lm_few_codegen(kind):
                                           llir.Constant(vec, None), llir.Constant(ivec, [0] * 16))
 
         if kind == "scores":
-            # (qp, kf, base, ld, kb, E, sc): sc[i * 16 + j] = chain over e < E of
-            # fma(qp[e * 16 + i], kf[base + j * ld + e], .) from +0.0, lanes i < FEW, keys j < 16
-            # (keys j >= kb score zero queries' worth: zeros). Each 16 x 16 block of keys and
-            # features is loaded by rows and transposed in registers, so a vector holds one
+            # (qp, kf, base, ld, kb, E, sc, sc_off, sc_ld): sc[sc_off + i * sc_ld + j] = chain over
+            # e < E of fma(qp[e * 16 + i], kf[base + j * ld + e], .) from +0.0, lanes i < FEW, keys
+            # j < 16 (keys j >= kb score zero queries' worth: zeros). Each 16 x 16 block of keys
+            # and features is loaded by rows and transposed in registers, so a vector holds one
             # feature of 16 keys.
             qp, kf, sc = data(0), data(1), data(6)
-            base, ld, kb, depth = values[2], values[3], values[4], values[5]
+            base, ld, kb, depth, sc_off, sc_ld = values[2], values[3], values[4], values[5], values[7], values[8]
             live = [builder.icmp_signed("<", c64(j), kb) for j in range(16)]
             rows = [builder.gep(kf, [builder.add(base, builder.mul(builder.select(live[j], c64(j), c64(0)), ld))])
                     for j in range(16)]
@@ -151,14 +154,16 @@ def _lm_few_codegen(kind):
 
             accs = _lm_vector_loop(builder, builder.sdiv(depth, c64(16)), [zero] * FEW, chunk)
             for i in range(FEW):
-                vstore(accs[i], builder.gep(sc, [c64(16 * i)]))
+                vstore(accs[i], builder.gep(sc, [builder.add(sc_off, builder.mul(sc_ld, c64(i)))]))
         else:
-            # (st, st_off, vf, base, ld, kb, E, acc): acc[i * E + e] continues its chain over keys
-            # n < kb with fma(st[(st_off + n) * 16 + i], vf[base + n * ld + e], .), lanes i < FEW;
-            # an f16 cache's values (uint16 bits) widened as they are loaded, exactly
-            st, vf, acc = data(0), data(2), data(7)
-            halves = sig.args[2].dtype == types.uint16
-            st_off, base, ld, kb, depth = values[1], values[3], values[4], values[5], values[6]
+            # (st, st_off, lane_ld, key_ld, vf, base, ld, kb, E, acc): acc[i * E + e] continues its
+            # chain over keys n < kb with fma(st[st_off + i * lane_ld + n * key_ld],
+            # vf[base + n * ld + e], .), lanes i < FEW; an f16 cache's values (uint16 bits)
+            # widened as they are loaded, exactly
+            st, vf, acc = data(0), data(4), data(9)
+            halves = sig.args[4].dtype == types.uint16
+            st_off, lane_ld, key_ld = values[1], values[2], values[3]
+            base, ld, kb, depth = values[5], values[6], values[7], values[8]
 
             def chunk(c, unused):
                 off = builder.mul(c, c64(16))
@@ -171,9 +176,9 @@ def _lm_few_codegen(kind):
                         row = _lm_widen_halves(builder, builder.load(bits, align=2), 16)
                     else:
                         row = vload(value_at)
-                    at = builder.mul(builder.add(st_off, n), c64(16))
-                    return [builder.call(fma, [splat(builder.gep(st, [builder.add(at, c64(i))])), row, accs[i]])
-                            for i in range(FEW)]
+                    at = builder.add(st_off, builder.mul(n, key_ld))
+                    return [builder.call(fma, [splat(builder.gep(st, [builder.add(at, builder.mul(lane_ld, c64(i)))])),
+                                               row, accs[i]]) for i in range(FEW)]
 
                 accs = _lm_vector_loop(builder, kb, [vload(slot) for slot in slots], key)
                 for slot, a in zip(slots, accs):
@@ -288,13 +293,13 @@ def _lm_f32_rows_typed(cache, bases, nk, S, KD, E):
 
 
 @intrinsic
-def _lm_scores_few(typingctx, qp, kf, base, ld, kb, depth, sc):
-    return types.none(qp, kf, base, ld, kb, depth, sc), _lm_few_codegen("scores")
+def _lm_scores_few(typingctx, qp, kf, base, ld, kb, depth, sc, sc_off, sc_ld):
+    return types.none(qp, kf, base, ld, kb, depth, sc, sc_off, sc_ld), _lm_few_codegen("scores")
 
 
 @intrinsic
-def _lm_values_few(typingctx, st, st_off, vf, base, ld, kb, depth, acc):
-    return types.none(st, st_off, vf, base, ld, kb, depth, acc), _lm_few_codegen("values")
+def _lm_values_few(typingctx, st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc):
+    return types.none(st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc), _lm_few_codegen("values")
 '''
 
 
@@ -350,6 +355,30 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_attend_rows(qp, lanes, tok, col, lpos, nk, pages, S, kf, bases, ld, cache, E, scale, o):
+    # a few-lane task with every page present: lane i's scores one row of keys,
+    # st[i * kp + n], softmax_scaled as the `attention` motif runs a row (_lm_softmax_row, in
+    # whole vectors past the lane's keys), then its keys past its position 0, as the tile's masks
+    # leave them
+    kp = pages * S + 16   # a block's store of 16 keys, and the softmax's last vector, stay inside the row
+    st = np.empty(FEW * kp, np.float32)
+    for pi in range(pages):
+        kb = min(S, nk - pi * S)
+        for j0 in range(0, kb, 16):
+            _lm_scores_few(qp, kf, bases[pi] + j0 * ld, ld, min(16, kb - j0), E, st, pi * S + j0, kp)
+    for i in range(lanes):
+        _lm_softmax_row(st, i * kp, lpos[i] + 1, scale, kp - lpos[i] - 1)
+        for n in range(lpos[i] + 1, nk):
+            st[i * kp + n] = np.float32(0.0)
+    acc = np.zeros(FEW * E, np.float32)
+    for pi in range(pages):
+        _lm_values_few(st, pi * S, kp, 1, cache, bases[pi], ld, min(S, nk - pi * S), E, acc)
+    for i in range(lanes):
+        for e in range(E):
+            o[tok[i], col[i] + e] = acc[i * E + e]
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
 def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, vbases, vld, cache, few, E, scale, o):
     # the task's lanes against f32 keys and values: page pi's key j at kf[bases[pi] + j * ld],
     # its value at vf[vbases[pi] + j * vld] (`few`: at cache[bases[pi] + j * ld], the values'
@@ -358,18 +387,22 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
     for e in range(E):
         for i in range(lanes):
             qp[e * 16 + i] = q[tok[i], col[i] + e]
-    # the scores, st[n * 16 + i] = q_i . k_n: one fma chain over e from +0.0 per element
-    st = np.zeros(pages * S * 16, np.float32)
     ok = np.zeros(pages, np.bool_)
-    sc = np.zeros(FEW * 16, np.float32)
     for pi in range(pages):
         ok[pi] = bases[pi] >= 0
+    if few and ok.all():
+        _lm_attend_rows(qp, lanes, tok, col, lpos, nk, pages, S, kf, bases, ld, cache, E, scale, o)
+        return
+    # the scores, st[n * 16 + i] = q_i . k_n: one fma chain over e from +0.0 per element
+    st = np.zeros(pages * S * 16, np.float32)
+    sc = np.zeros(FEW * 16, np.float32)
+    for pi in range(pages):
         if ok[pi]:
             kb = min(S, nk - pi * S)
             base = bases[pi]
             if few:
                 for j0 in range(0, kb, 16):
-                    _lm_scores_few(qp, kf, base + j0 * ld, ld, min(16, kb - j0), E, sc)
+                    _lm_scores_few(qp, kf, base + j0 * ld, ld, min(16, kb - j0), E, sc, 0, 16)
                     for j in range(min(16, kb - j0)):
                         for i in range(lanes):
                             st[(pi * S + j0 + j) * 16 + i] = sc[i * 16 + j]
@@ -403,7 +436,7 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
         acc = np.zeros(FEW * E, np.float32)
         for pi in range(pages):
             if ok[pi]:
-                _lm_values_few(st, pi * S, cache, bases[pi], ld, min(S, nk - pi * S), E, acc)
+                _lm_values_few(st, pi * S * 16, 1, 16, cache, bases[pi], ld, min(S, nk - pi * S), E, acc)
         for i in range(lanes):
             for e in range(E):
                 o[tok[i], col[i] + e] = acc[i * E + e]
@@ -489,9 +522,9 @@ def render_module(motif: str = "attention_paged") -> str:
               f"# motif {motif}: causal grouped-query attention over the paged cache on the GEMM tile "
               f"(loomc/lower/paged_attention.py), tile {matmul.PANEL_ROWS} x {matmul.TILE_COLS}\n")
     constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\nFEW = {FEW}\n"
-    helpers = "".join(h + "\n\n" for h in helpers_for(_DRIVER))
+    helpers = "".join(h + "\n\n" for h in helpers_for(_DRIVER + SOFTMAX_ROW_SOURCE))
     return (header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE
-            + IR_HELPERS_SOURCE + FEW_SOURCE + "\n" + _DRIVER)
+            + SOFTMAX_ROW_SOURCE + IR_HELPERS_SOURCE + FEW_SOURCE + "\n" + _DRIVER)
 
 
 def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:

@@ -35,7 +35,7 @@ from loomc.run.errors import BindingError, DispatchError, StageInputError
 from loomc.run.launch import HOST_DTYPES, HOST_STORAGE, KernelLauncher, logical_dim, storage_shape
 
 ARENA_ALIGN = 64
-MAX_SHAPE_PLANS = 8
+MAX_SHAPE_PLANS = 64   # a plan holds argument tuples only (its buffers are the shared arena)
 _NOT_STATIC = object()   # a scalar operand evaluated per plan (or per call), not once per program
 
 
@@ -91,17 +91,12 @@ class ShapePlan:
     """Everything for one binding of the per-call symbols: buffers and argument tuples."""
 
     def __init__(self, program: "CommandProgram", bound: _Bound, env: dict[str, int]):
-        plan = program.plan
         self.env = env
-        self.inputs = {a.name: np.zeros(storage_shape(a.dtype, [dim_value(d, env) for d in a.dims]), HOST_STORAGE[a.dtype])
-                       for a in plan.args if a.dims is not None}
-        self.results = {r.name: np.zeros(storage_shape(r.dtype, [dim_value(d, env) for d in r.dims]), HOST_STORAGE[r.dtype])
-                        for r in plan.results}
         self.symbols = _symbol_env(env)   # the symbols as a command's scalar expressions name them
-        self.scratch = self.arena(program, bound)
+        self.scratch, self.inputs, self.results = self.arena(program, bound)
         self.calls: list[tuple[Any, tuple]] = []
         self.dynamic: list[tuple[int, Any]] = []  # (index into calls, builder of (fn, args) from the call's scalars)
-        for dispatch, per_call in zip(plan.dispatches, program.per_call):
+        for dispatch, per_call in zip(program.plan.dispatches, program.per_call):
             if per_call:
                 for part in range(program.parts(dispatch)):
                     builder = partial(self.build, program, bound, dispatch, part=part)
@@ -112,7 +107,11 @@ class ShapePlan:
 
     # ---- scratch --------------------------------------------------------------------
 
-    def arena(self, program: "CommandProgram", bound: _Bound) -> dict[str, np.ndarray]:
+    def arena(self, program: "CommandProgram", bound: _Bound) -> tuple[dict[str, np.ndarray], ...]:
+        """Views into the binding's shared arena: (scratch, inputs, results). Scratch tensors
+        share bytes where their uses do not overlap; the inputs and results, live for the whole
+        call, follow them and the motifs' workspace. Since calls run one at a time, every plan
+        can reuse the same bytes, so a plan costs its argument tuples only and many are kept."""
         plan = program.plan
         specs = program.scratch_specs
         shapes = [storage_shape(s.dtype, [dim_value(d, self.env) for d in s.dims]) for s in specs]
@@ -134,14 +133,25 @@ class ShapePlan:
         # one motif dispatch, so every motif dispatch of the plan shares one region past the scratch.
         workspace = 4 * max((self.motif_workspace(d) for d in program.motif_shapes), default=0)
         self.arena_bytes = scratch_end
-        arena = bound.arena(scratch_end + workspace + ARENA_ALIGN)
+        live = [(a.name, a.dtype, storage_shape(a.dtype, [dim_value(d, self.env) for d in a.dims]))
+                for a in [*program.tensor_args, *plan.results]]
+        live_offsets, end = [], -(-(scratch_end + workspace) // ARENA_ALIGN) * ARENA_ALIGN
+        for _, dtype, shape in live:
+            live_offsets.append(end)
+            end += -(-math.prod(shape) * np.dtype(HOST_STORAGE[dtype]).itemsize // ARENA_ALIGN) * ARENA_ALIGN
+        arena = bound.arena(end + ARENA_ALIGN)
         base = (-arena.ctypes.data) % ARENA_ALIGN
+
+        def view(offset: int, dtype: str, shape: tuple) -> np.ndarray:
+            size = math.prod(shape) * np.dtype(HOST_STORAGE[dtype]).itemsize
+            return arena[base + offset:base + offset + size].view(HOST_STORAGE[dtype]).reshape(shape)
+
         self.workspace = arena[base + scratch_end:base + scratch_end + workspace].view(np.float32)
-        views = {}
-        for s, shape, size, offset in zip(specs, shapes, sizes, offsets):
-            start = base + offset
-            views[s.name] = arena[start:start + size].view(HOST_STORAGE[s.dtype]).reshape(shape)
-        return views
+        scratch = {s.name: view(offset, s.dtype, shape) for s, shape, offset in zip(specs, shapes, offsets)}
+        buffers = [{}, {}]
+        for i, ((name, dtype, shape), offset) in enumerate(zip(live, live_offsets)):
+            buffers[i >= len(program.tensor_args)][name] = view(offset, dtype, shape)
+        return scratch, buffers[0], buffers[1]
 
     # ---- dispatches -------------------------------------------------------------------
 
@@ -215,7 +225,7 @@ class CommandProgram:
         self.launchers = launchers
         self.target = target
         self._bound: tuple[tuple, _Bound] | None = None
-        self._tensor_args = [a for a in plan.args if a.dims is not None]
+        self.tensor_args = [a for a in plan.args if a.dims is not None]
         # what every ShapePlan of the program needs and no shape changes: which dispatches
         # take per-call scalars, and the dispatches using each scratch tensor
         self.per_call = [_per_call(d) for d in plan.dispatches]
@@ -249,14 +259,12 @@ class CommandProgram:
         return len(self.plan.dispatches)
 
     def scratch_bytes(self) -> int:
-        """Bytes held by this program's scratch arena and cached per-shape inputs and results."""
+        """Bytes held by this program's arena: scratch, workspace, inputs and results, which
+        every cached shape shares."""
         if self._bound is None:
             return 0
         bound = self._bound[1]
-        total = max(bound.arena(0).nbytes - ARENA_ALIGN, 0)  # the alignment slack is not scratch
-        for plan in bound.plans.values():
-            total += sum(b.nbytes for b in plan.inputs.values()) + sum(b.nbytes for b in plan.results.values())
-        return total
+        return max(bound.arena(0).nbytes - ARENA_ALIGN, 0)  # the alignment slack is not scratch
 
     def parts(self, dispatch: Dispatch) -> int:
         return 1 if dispatch.kind == "motif" else len(self.launchers[dispatch.callee].functions)
@@ -336,10 +344,10 @@ class CommandProgram:
         env: dict[str, int] = dict(host)
         for name, (kind, source, axis) in self.plan.symbols.items():
             if kind == "arg":
-                spec = next(a for a in self._tensor_args if a.name == source)
+                spec = next(a for a in self.tensor_args if a.name == source)
                 array = self.check_input(spec, inputs[source])
                 env[name] = logical_dim(spec.dtype, array.shape, axis)
-        for spec in self._tensor_args:
+        for spec in self.tensor_args:
             array = self.check_input(spec, inputs[spec.name])
             want = [dim_value(d, env) for d in spec.dims]
             if array.shape != storage_shape(spec.dtype, want):

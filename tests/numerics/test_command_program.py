@@ -182,13 +182,13 @@ def test_scratch_shares_memory_across_layers(program, weights):
 
 
 def test_shapes_share_one_scratch_arena(program, weights):
-    """Packed steps give a new shape (T) almost every step: their plans reuse one arena
-    instead of holding one each, and a larger shape grows it for all of them."""
+    """Packed steps give a new shape (T) almost every step: their plans reuse one arena (scratch,
+    inputs and results) instead of holding one each, and a larger shape grows it for all of them."""
     params, _ = weights
 
     def arenas(plan) -> set[int]:
         roots = set()
-        for a in plan.scratch.values():
+        for a in [*plan.scratch.values(), *plan.inputs.values(), *plan.results.values()]:
             while a.base is not None:
                 a = a.base
             roots.add(id(a))
@@ -205,6 +205,20 @@ def test_shapes_share_one_scratch_arena(program, weights):
     again = plan_for([3, 1])
     assert len(arenas(large)) == 1 and arenas(again) == arenas(large) != {small_arena}  # grown, then shared
     assert program.scratch_bytes() < large.arena_bytes + large.workspace.nbytes + 4096
+
+
+def test_a_plan_is_built_once_per_shape_while_shapes_come_and_go(program, weights):
+    """Rows joining and leaving a batch, and prefill chunks, cycle through a dozen shapes: each
+    plan (3 ms of Python for scout) is built once and found again, and its results are the
+    same as a fresh plan's."""
+    params, _ = weights
+    state = fresh_state()
+    shapes = [list(range(1, n + 1)) for n in range(12, 0, -1)]
+    first = [program.prepare(params, state, step_inputs([(0, 0, tokens)], 1, np.array([[0, 1]], np.int32)))
+             for tokens in shapes]
+    again = [program.prepare(params, state, step_inputs([(0, 0, tokens)], 1, np.array([[0, 1]], np.int32)))
+             for tokens in shapes]
+    assert all(a is b for a, b in zip(first, again))
 
 
 def test_inputs_that_disagree_with_the_stage_are_rejected(program, weights):

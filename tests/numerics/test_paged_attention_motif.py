@@ -99,6 +99,18 @@ def test_one_chunk_several_chunks_and_decode_steps_give_the_same_bits(programs, 
         np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
+def test_a_few_lane_task_of_two_tokens_sees_each_token_s_own_prefix(programs, rng):
+    # 4 heads over 2 kv heads of 16 features: two tokens of a chunk are 4 lanes, the few-lane
+    # path (each lane's scores a row of keys); the first token must not see the second's key
+    heads, kv_heads, e, tokens = 4, 2, 16, 37
+    k, v, table = cache(rng, 1, 3, 16, kv_heads * e)
+    q = rng.standard_normal((tokens, heads * e)).astype(np.float32)
+    pairs = [call(programs["tiled"], q[s:s + 2], [0] * len(q[s:s + 2]), range(s, s + len(q[s:s + 2])), table, k, v,
+                  heads, kv_heads) for s in range(0, tokens, 2)]
+    np.testing.assert_array_equal(np.concatenate(pairs), reference(q, [0] * tokens, range(tokens), table, k, v, heads,
+                                                                    kv_heads))
+
+
 def test_a_row_gives_the_same_bits_alone_or_packed_with_other_rows(programs, rng):
     # three rows: a prefill chunk in the middle of its prompt, and two decode tokens, their
     # tokens interleaved in the pack
