@@ -217,6 +217,35 @@ def test_rope_kv_write_f16v_writes_rope_kv_writes_values_rounded_once_to_f16(rng
     assert out["half"][2][2, LAYER, 0, 0] == np.float16(1.001953125)   # the tie, to the even neighbour (1 + 2 ulp)
 
 
+def test_rope_kv_write_f16v_table_is_rope_kv_write_f16v_with_the_rotation_computed_once(rng):
+    """rope_table's cos and sin, read by rope_kv_write_f16v_table, give q and the caches the
+    bits rope_kv_write_f16v computes per layer; a table of the wrong width writes nothing."""
+    std = load_files(sorted((Path(__file__).resolve().parents[2] / "loomc" / "motifs").glob("*.loom")))
+    per_layer, table_kernel = compile_kernel(std, "rope_kv_write_f16v"), compile_kernel(std, "rope_kv_write_f16v_table")
+    rope_table = compile_kernel(std, "rope_table")
+    heads, kv_heads, e = 9, 3, 64
+    qkv = (rng.standard_normal((5, (heads + 2 * kv_heads) * e)) * 3).astype(np.float32)
+    rows, positions = np.array([0, 0, 0, 1, 1], np.int32), np.array([0, 1, 2, 5, 4000], np.int32)
+    pages = np.array([[2, -1], [0, 1]], np.int32)
+
+    def caches():
+        return (np.zeros((5, heads * e), np.float32), np.zeros((3, LAYERS, 4, kv_heads * e), np.float32),
+                np.zeros((3, LAYERS, 4, kv_heads * e), np.float16))
+
+    want = caches()
+    per_layer(qkv, rows, positions, pages, LAYER, heads, kv_heads, np.float32(100000.0), *want)
+    cs = np.zeros((5, e), np.float32)
+    rope_table(positions, np.float32(100000.0), cs)
+    got = caches()
+    table_kernel(qkv, rows, positions, pages, cs, LAYER, heads, kv_heads, *got)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    assert got[1].any() and got[2].any()
+    wrong = caches()
+    table_kernel(qkv, rows, positions, pages, np.zeros((5, e // 2), np.float32), LAYER, heads, kv_heads, *wrong)
+    assert not any(a.any() for a in wrong)
+
+
 def test_every_simd_class_gives_the_same_bits(rng, tmp_path):
     # the AVX2 build runs tiles of 6 keys (a page of 16: 6, 6 and a partial 4) and 6 features;
     # the baseline build has no fma instruction (the correctly rounded library fma)

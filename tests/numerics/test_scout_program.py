@@ -39,7 +39,7 @@ def scout():
 def test_scout_prefill_decode_runs(scout):
     program, params = scout
     plan = program.plan
-    assert len(plan.dispatches) == 2 + 1 + 30 * 9 + 4  # embed, place image rows, first norm, 9 per layer, gather, norm, LM head, sample
+    assert len(plan.dispatches) == 2 + 2 + 30 * 9 + 4  # embed, place image rows, rope table, first norm, 9 per layer, gather, norm, LM head, sample
     assert plan.params["wqkv"].family == (0, 30) and plan.params["wqkv"].dtype == "q4_1x16" and plan.params["token_embd"].dtype == "q8_0"
     assert plan.params["lm_head"].dtype == "q8_0x16"
     pages = 8
