@@ -133,12 +133,13 @@ class ShapePlan:
         # one motif dispatch, so every motif dispatch of the plan shares one region past the scratch.
         workspace = 4 * max((self.motif_workspace(d) for d in program.motif_shapes), default=0)
         self.arena_bytes = scratch_end
-        live = [(a.name, a.dtype, storage_shape(a.dtype, [dim_value(d, self.env) for d in a.dims]))
-                for a in [*program.tensor_args, *plan.results]]
+        # the inputs, then the results, each from a cache line of its own after the workspace
+        live = [(t, storage_shape(t.dtype, [dim_value(d, self.env) for d in t.dims]))
+                for t in [*program.tensor_args, *plan.results]]
         live_offsets, end = [], -(-(scratch_end + workspace) // ARENA_ALIGN) * ARENA_ALIGN
-        for _, dtype, shape in live:
+        for t, shape in live:
             live_offsets.append(end)
-            end += -(-math.prod(shape) * np.dtype(HOST_STORAGE[dtype]).itemsize // ARENA_ALIGN) * ARENA_ALIGN
+            end += -(-math.prod(shape) * np.dtype(HOST_STORAGE[t.dtype]).itemsize // ARENA_ALIGN) * ARENA_ALIGN
         arena = bound.arena(end + ARENA_ALIGN)
         base = (-arena.ctypes.data) % ARENA_ALIGN
 
@@ -148,10 +149,9 @@ class ShapePlan:
 
         self.workspace = arena[base + scratch_end:base + scratch_end + workspace].view(np.float32)
         scratch = {s.name: view(offset, s.dtype, shape) for s, shape, offset in zip(specs, shapes, offsets)}
-        buffers = [{}, {}]
-        for i, ((name, dtype, shape), offset) in enumerate(zip(live, live_offsets)):
-            buffers[i >= len(program.tensor_args)][name] = view(offset, dtype, shape)
-        return scratch, buffers[0], buffers[1]
+        views = [(t.name, view(offset, t.dtype, shape)) for (t, shape), offset in zip(live, live_offsets)]
+        inputs = len(program.tensor_args)
+        return scratch, dict(views[:inputs]), dict(views[inputs:])
 
     # ---- dispatches -------------------------------------------------------------------
 
