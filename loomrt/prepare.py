@@ -75,7 +75,7 @@ def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarr
     rows' scale fields, then their codes, each part unit by unit (`DType.panel_unit`). A new
     array; the same bytes."""
     d = DTYPES[dtype]
-    p, size, head = d.panel_rows, d.block_bytes, d.codes_offset
+    p, size, head, unit = d.panel_rows, d.block_bytes, d.codes_offset, d.panel_unit
     *lead, rows, width = array.shape
     groups, blocks = rows // p, width // size
     out = np.empty(array.shape, np.uint8)
@@ -83,7 +83,6 @@ def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarr
     by_row = plain.reshape(*lead, groups, p, blocks, size)
     by_block = panels.reshape(*lead, groups, blocks, p * size)
     for start, stop in ((0, head), (head, size)):
-        unit = d.panel_unit
         units = (stop - start) // unit
         # the part as [..., group, block, unit, row, bytes] in the panels and, by the same
         # indices, in plain rows: views, copied without a temporary
