@@ -146,7 +146,7 @@ class Bench:
 
     def attention(self) -> None:
         heads, kv_heads, hd, page = 9, 3, 64, 16
-        for rows_count, decode, ctx in ((1, True, 256), (4, True, 256), (1, False, 256), (1, False, 512)):
+        for rows_count, decode, ctx in ((1, True, 256), (4, True, 256), (8, True, 256), (1, False, 256), (1, False, 512)):
             pages_per_row = ctx // page
             num_pages = rows_count * pages_per_row
             k_cache = self.rng.standard_normal((num_pages, 1, page, kv_heads * hd)).astype(np.float32)

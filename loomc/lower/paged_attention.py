@@ -40,7 +40,8 @@ chains with keys in the vector lanes for the scores (each 16 x 16 block of keys 
 and features in the vector lanes for the values. When every page of its keys is present, such
 a task also keeps each lane's scores as one row of keys and runs the `attention` motif's row
 softmax on it (`_lm_attend_rows`): the 16-lane columns spent the softmax's passes on 3 live
-lanes of 16. A hot decode call at 8 rows and 190 positions went 58 -> 41 us, same bits.
+lanes of 16. Same bits; a hot decode call of 1 row got 10-25 % faster, one of 8 rows between
+0 and 25 % depending on the caches' size (docs/performance.md, fifth Zen 5 session).
 
 A decode step reads each layer's keys and values once, long after the step before evicted
 them, so a task first asks for every cache line of the keys and values it will read
