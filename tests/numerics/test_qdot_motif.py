@@ -118,8 +118,10 @@ def panel_contract(plain: str, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q4_1x16", "q8_0x16"])
 @pytest.mark.parametrize("t, k, n", [(1, 32, 1), (3, 96, 9), (5, 64, 13), (4, 576, 4), (9, 160, 6), (2, 1536, 3),
-                                     (8, 64, 20), (15, 96, 17)])
+                                     (8, 64, 20), (15, 96, 17), (20, 1024, 3)])
 def test_bits_equal_the_contract(rng, dtype, t, k, n):
+    # (20, 1024): 640 blocks of x, past qdot.PARALLEL_QUANTIZE_BLOCKS, so x is quantized in a
+    # parallel region of its own; the other cases quantize on one thread
     # panels: whole panels of 16 rows; T = 15 runs tiles of 8, 4, 2 and 1 rows of x
     n = n if dtype == PLAIN[dtype] else -(-n // 16) * 16
     blocks, _ = quantized(rng, PLAIN[dtype], n, k)
@@ -128,6 +130,24 @@ def test_bits_equal_the_contract(rng, dtype, t, k, n):
     if k >= 64:
         x[-1, 40] = 900.0   # an outlier: its block's other codes get coarse
     np.testing.assert_array_equal(run_motif(dtype, x, blocks), contract(dtype, x, blocks))
+
+
+@pytest.mark.parametrize("dtype", ["q4_1", "q8_0", "q4_1x16", "q8_0x16"])
+def test_a_nan_in_x_quantizes_to_code_zero_beside_its_block_s_other_codes(rng, dtype):
+    # the largest |x| of a block ignores NaN (maxnum), and a NaN's code is 0 (saturating
+    # conversion): the result is exactly that of x with the NaN replaced by 0. A block of NaN
+    # only has no largest value: its scale is NaN, and so is every output of its row
+    n = 4 if dtype == PLAIN[dtype] else 16
+    blocks, _ = quantized(rng, PLAIN[dtype], n, 128)
+    x = (rng.standard_normal((3, 128)) * 3).astype(np.float32)
+    x[0, 5] = x[1, 70] = x[1, 71] = np.nan
+    x[2, 33] = 1e-42   # a subnormal beside normal values: code 0
+    got = run_motif(dtype, x, blocks)
+    np.testing.assert_array_equal(got, run_motif(dtype, np.nan_to_num(x, nan=0.0), blocks))
+    np.testing.assert_array_equal(got, contract(dtype, np.nan_to_num(x, nan=0.0), blocks))
+    x[2, 64:96] = np.nan
+    got = run_motif(dtype, x, blocks)
+    assert np.isnan(got[2]).all() and np.isfinite(got[:2]).all()
 
 
 def test_q8_0_panels_round_a_dot_past_2_to_the_24_once(rng):
