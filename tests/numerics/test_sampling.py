@@ -26,7 +26,7 @@ def run_sample(kernel, logits, temperature, top_p, top_k, seed, counter):
     return out
 
 
-@pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 10), (5, 1000)])
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 10), (5, 1000), (2, 49157)])
 def test_argmax(kernel, rng, rows, vocab):
     logits = rng.standard_normal((rows, vocab)).astype(np.float32)
     out = np.zeros(rows, np.int32)
@@ -41,7 +41,29 @@ def test_argmax_ties_go_to_the_lower_id_and_nan_never_wins(kernel):
     assert out.tolist() == [1, 1, 0]
 
 
-@pytest.mark.parametrize("vocab", [7, 300])
+@pytest.mark.parametrize("kernel_name", ["argmax", "sample"])
+def test_the_first_of_equal_largest_logits_wins_across_lanes_and_the_tail(kernel, kernel_name):
+    # the scan runs in 16 lanes (lane z: ids z, z + 16, ...) and the ids past the last whole
+    # 16; the lanes' winners are compared at the end, ties to the lower id
+    vocab = 16 * 40 + 5
+    logits = np.full((6, vocab), -1.0, np.float32)
+    logits[0, [517, 37, 21, 500]] = 4.0            # equal largest in lanes 5, 5, 5 and 4: 21 wins
+    logits[1, [643, 644, 300]] = 9.0                # in the tail and lane 12: 300
+    logits[2, [642, 640]] = 9.0                     # only in the tail: 640
+    logits[3] = np.nan
+    logits[3, 77] = -5.0                            # NaN never wins, even against one number
+    logits[4] = -np.inf                             # nothing beats the start: id 0
+    logits[5, 3] = -0.0
+    logits[5, 1:3] = 0.0                            # -0.0 == +0.0: the first of them, 1
+    out = np.zeros(6, np.int32)
+    if kernel_name == "argmax":
+        kernel("argmax")(logits, out)
+    else:
+        out = run_sample(kernel, logits, 0.0, 1.0, 0, 1, 0)
+    assert out.tolist() == [21, 300, 640, 77, 0, 1]
+
+
+@pytest.mark.parametrize("vocab", [7, 300, 4099])
 def test_greedy_settings_equal_argmax(kernel, rng, vocab):
     logits = (rng.standard_normal((6, vocab)) * 3).astype(np.float32)
     want = logits.argmax(axis=1)
