@@ -138,7 +138,9 @@ def _math(fn: str, args: list[Any], arg_dtype: str, dtype: str) -> Any:
         if fn == "rsqrt":
             r = work(1.0) / np.sqrt(xs[0])
         elif fn == "sigmoid":
-            r = work(1.0) / (work(1.0) + np.exp(-xs[0]))
+            r = work(1.0) / (work(1.0) + _exp(-xs[0]))
+        elif fn == "exp":
+            r = _exp(xs[0])
         elif fn == "erf":
             r = work(math.erf(float(xs[0])))
         elif fn == "fma":
@@ -148,6 +150,12 @@ def _math(fn: str, args: list[Any], arg_dtype: str, dtype: str) -> Any:
         else:
             r = getattr(np, fn)(xs[0])
     return to_dtype(r, dtype)
+
+
+def _exp(x: Any) -> Any:
+    """exp as the cpu target computes it: an f32 argument gets the correctly rounded f32 (the
+    f64 exp, rounded once; numba_helpers' _lm_exp), an f64 one the f64 exp."""
+    return np.float32(np.exp(np.float64(x))) if isinstance(x, np.float32) else np.exp(x)
 
 
 def _c_pow(x: float, y: float) -> float:

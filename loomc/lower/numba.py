@@ -64,11 +64,11 @@ KERNEL_STORAGE_TEXT = {t: f"np.{d.kernel}" for t, d in DTYPES.items()}
 _HALF = ("f16", "bf16")
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|", "xor": "^", "shl": "<<",
           "shr": ">>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_MATH = {"exp": "math.exp({0})", "exp2": "np.exp2({0})", "log": "math.log({0})", "log2": "math.log2({0})",
+_MATH = {"exp": "_lm_exp({0})", "exp2": "np.exp2({0})", "log": "math.log({0})", "log2": "math.log2({0})",
          "sqrt": "math.sqrt({0})", "tanh": "math.tanh({0})", "erf": "math.erf({0})", "sin": "math.sin({0})",
          "cos": "math.cos({0})", "floor": "np.floor({0})", "ceil": "np.ceil({0})", "pow": "math.pow({0}, {1})",
          "fma": "_lm_fma({0}, {1}, {2})", "rsqrt": "({one} / math.sqrt({0}))",
-         "sigmoid": "({one} / ({one} + math.exp(-{0})))", "isnan": "math.isnan({0})", "isinf": "math.isinf({0})",
+         "sigmoid": "({one} / ({one} + _lm_exp(-{0})))", "isnan": "math.isnan({0})", "isinf": "math.isinf({0})",
          "min": "_lm_min({0}, {1})", "max": "_lm_max({0}, {1})"}
 
 

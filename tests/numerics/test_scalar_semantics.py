@@ -1,6 +1,8 @@
 """The numba renderer implements the IR's scalar semantics: wrapping, C division, conversions,
-f16/bf16 rounding, bitcasts, min/max, fma; and multi-loop kernels run their parts in order."""
+f16/bf16 rounding, bitcasts, min/max, fma, exp; and multi-loop kernels run their parts in order."""
 
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 
 from loomc.check import load_files
 from loomc.run.compile import compile_kernel
+from numerics_testlib import AVX2, AVX512, BASELINE, assert_same_bits_in_classes, host_has
 
 FIXTURE = Path(__file__).parent / "fixtures" / "semantics.loom"
 
@@ -183,3 +186,40 @@ def test_local_arrays_start_zeroed_for_every_lane(k):
     counts = [sum(i for i in range(10) if i % 4 == j) for j in range(4)]
     np.testing.assert_array_equal(y, np.array(counts)[None, :] + np.arange(3)[:, None])
     np.testing.assert_array_equal(z, 5.0)
+
+
+def exp_inputs() -> np.ndarray:
+    """Uniform over exp's whole f32 range and past both ends, normal around 0, and the edges."""
+    rng = np.random.default_rng(2026)
+    edges = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, -1e-30, 88.72283172607421875, 88.72283935546875,
+             -87.33654022216797, -103.97207641601562, -103.9720840454101, 150.0, 151.0, -151.0, 1e30, -1e30]
+    return np.concatenate([rng.uniform(-110, 95, 1_500_000), rng.standard_normal(500_000) * 4, edges]).astype(np.float32)
+
+
+def run_exp(data: dict) -> dict:
+    checked = load_files([FIXTURE])
+    x, w = data["x"], data["w"]
+    out = {"e": np.zeros_like(x), "s": np.zeros_like(x), "e64": np.zeros_like(w)}
+    compile_kernel(checked, "exp_sigmoid")(x, out["e"], out["s"], w, out["e64"])
+    return out
+
+
+def test_exp_of_f32_is_the_correctly_rounded_exp_and_sigmoid_is_built_on_it(rng):
+    x = exp_inputs()
+    w = rng.standard_normal(x.size) * 20
+    got = run_exp({"x": x, "w": w})
+    with np.errstate(over="ignore"):
+        correct = np.exp(x.astype(np.float64)).astype(np.float32)   # f64 exp rounded once: correct but for ties
+        sigmoid = np.float32(1) / (np.float32(1) + np.exp((-x).astype(np.float64)).astype(np.float32))
+    np.testing.assert_array_equal(got["e"], correct)
+    np.testing.assert_array_equal(got["s"], sigmoid)
+    np.testing.assert_allclose(got["e64"], np.exp(w), rtol=4e-16)   # the C library's f64 exp
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
+                    reason="the SIMD classes compared here are x86-64's")
+def test_exp_gives_the_same_bits_on_every_simd_class(tmp_path):
+    classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512] if host_has("avx512bw") else [])
+    x = exp_inputs()[::40].copy()
+    data = {"x": x, "w": np.linspace(-700, 700, x.size)}
+    assert_same_bits_in_classes(classes, "test_scalar_semantics:run_exp", data, run_exp(data), tmp_path)
