@@ -136,3 +136,38 @@ def test_other_loops_over_local_arrays_stay_loops(tmp_path):
     for z in range(4):  # in order: a[3] is updated before a[0 + 3] is read again
         a[:, z] = a[:, z] + a[:, z + 3]
     assert y.tolist() == (a[:, 0] + a[:, 3]).tolist()
+
+
+HEAVY = """kernel scaled_rows(x: f32[R, D], out y: f32[R, D]) {
+    parallel for r in 0..R {
+        for d in 0..D {
+            y[r, d] = x[r, d] * 2.0
+        }
+        for h in 0..2 {
+            for d in 0..D / 2 {
+                y[r, h * (D / 2) + d] += 1.0
+            }
+        }
+        for d in 0..r {
+            y[r, 0] += 0.0
+        }
+    }
+}
+"""
+
+
+def test_a_heavy_parallel_loop_of_little_known_work_runs_serially(tmp_path):
+    from loomc.lower.numba import SERIAL_HEAVY_WORK
+
+    g = lowered(tmp_path, HEAVY, "scaled_rows")
+    text = render_module(g)
+    # the lanes times their loops whose bounds are known before the loop starts (D, 2 x D / 2;
+    # not 0..r, which depends on the lane)
+    (condition,) = re.findall(rf"if \((_n\d+) <= 1 or \1 \* \((.*)\) <= {SERIAL_HEAVY_WORK}\):", text)
+    assert condition[1].count("v_D") == 2 and "v_r" not in condition[1]
+    (fn,) = load_group(g, tmp_path / "cache")
+    for rows, d in ((3, 8), (64, 1024)):   # below and above SERIAL_HEAVY_WORK: each lane the same either way
+        x = np.arange(rows * d, dtype=np.float32).reshape(rows, d)
+        y = np.zeros_like(x)
+        fn(x.reshape(-1), y.reshape(-1), d, rows)   # symbols in name order
+        np.testing.assert_array_equal(y, x * 2 + 1)
