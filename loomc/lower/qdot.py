@@ -42,18 +42,18 @@ agrees with transformers everywhere, with either contract (tests/numerics/test_s
 8-bit codes, as llama.cpp uses, were measured at 4.5e-2 of the scale and 96 % agreement there.
 
 How plain rows run: one pass quantizes every row of x into the workspace (codes, then scales,
-then sums; on one thread up to PARALLEL_QUANTIZE_BLOCKS blocks, as plain vector IR: x86
-expands LLVM's `reduce.fmax` and saturating `fptosi` lane by lane, which made the pass about
-1 us a row of 576, 25-40 % of an 8-row projection); then a task per 4 rows of w runs all T rows of x against them in tiles
-(`tile_shape`: 4 x 4 with AVX-512's 32 vector registers, else 2 x 2): each weight block is
-read from memory once per call and unpacked once per tile, and each activation block's load
-serves a tile's rows of w. With one row of x (decode) on Intel's AVX-512 cores, and always
-without AVX-512, each block runs as two halves of 16 elements on ymm registers, whose
-accumulators are the contract's lanes 0..7 and 8..15: there the 512-bit form spends most of
-its time on the one port that shuffles 512-bit vectors (joining the unpacked nibbles,
-broadcasting the scale), and the halves were 15-25 % faster per core. AMD Zen 5 shuffles
-512-bit vectors on more than one pipe, and there the 512-bit form was 5-20 % faster at T = 1
-(docs/performance.md).
+then sums; on one thread up to PARALLEL_QUANTIZE_BLOCKS blocks; in plain vector IR, since x86
+expands LLVM's `reduce.fmax` and saturating `fptosi` lane by lane, which made the pass about 1
+us a row of 576: an 8-row 576 x 576 projection took 16.1 us with it, 13.4 us without); then a
+task per 4 rows of w runs all T rows of x against them in tiles (`tile_shape`: 4 x 4 with
+AVX-512's 32 vector registers, else 2 x 2): each weight block is read from memory once per call
+and unpacked once per tile, and each activation block's load serves a tile's rows of w. With
+one row of x (decode) on Intel's AVX-512 cores, and always without AVX-512, each block runs as
+two halves of 16 elements on ymm registers, whose accumulators are the contract's lanes 0..7
+and 8..15: there the 512-bit form spends most of its time on the one port that shuffles 512-bit
+vectors (joining the unpacked nibbles, broadcasting the scale), and the halves were 15-25 %
+faster per core. AMD Zen 5 shuffles 512-bit vectors on more than one pipe, and there the
+512-bit form was 5-20 % faster at T = 1 (docs/performance.md).
 
 How panels run: the same quantizing pass, then a task per panel of 16 rows of w runs all T
 rows of x against it in tiles of `panel_tokens()` rows (8 with AVX-512), then 4, 2, 1.
