@@ -20,13 +20,21 @@ PAGE_SIZE = 16
 PAGE_BYTES = 30 * PAGE_SIZE * 192 * (4 + 2)   # k_cache (f32) + v_cache (f16) of one page (samples/scout/model.loom)
 
 
+# Streams that hold a row while a test looks at the queue behind them: about 300 tokens of
+# answer, capped at 256 (a second at least; 16 tokens took well under 100 ms on a fast machine,
+# and the rows came free before the queued request was seen waiting)
+LONG = {"model": "scout", "messages": [{"role": "user", "content": "Count from 1 to 100, one per line."}],
+        "temperature": 0, "max_tokens": 256, "stream": True}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("checkpoints")
     twin = scout_document(tmp, "twin", rows=2, context_length=512, max_output_tokens=16)
     fixed = scout_document(tmp, "fixed", rows=1, context_length=512, max_output_tokens=16, checkpoint_capacity=1)
     fixed.write_text(json.dumps({**json.loads(fixed.read_text()), "checkpoint_backing": "fixed"}))
-    daemon = start_scout(tmp, twin, fixed, rows=2, context_length=512, max_output_tokens=16, checkpoint_capacity=2)
+    daemon = start_scout(tmp, twin, fixed, rows=2, context_length=512, max_output_tokens=LONG["max_tokens"],
+                         checkpoint_capacity=2)
     try:
         for model in ("scout", "twin", "fixed"):  # a deployment's first step loads its kernels: slow once
             assert chat(daemon, {"model": model, "messages": FIRST, "max_tokens": 1}, timeout=300).status == 200
@@ -215,8 +223,6 @@ def test_pin_and_suspend_wait_for_admission_to_reopen_and_delete_does_not(server
     assert control(server, "DELETE", "/v1/checkpoints/kw1").status == 200
 
 
-LONG = {"model": "scout", "messages": [{"role": "user", "content": "Count from 1 to 100, one per line."}],
-        "temperature": 0, "max_tokens": 16, "stream": True}
 
 
 def test_busy_session_and_queued_borrower_are_409(server):
