@@ -20,6 +20,11 @@ from scout_daemon import chat, open_stream, scheduler, scout_document, start_sco
 SYSTEM = {"role": "system", "content": "Be brief."}
 
 
+# The first of two requests on one session runs this many tokens, so that it is still running
+# when the second arrives (24 took about 100 ms on a fast machine)
+BUSY_TOKENS = 160
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("retained")
@@ -28,7 +33,7 @@ def server(tmp_path_factory):
                            session_cache_capacity=2)
     prefixed = scout_document(tmp, "prefixed", rows=1, context_length=1024, max_output_tokens=24,
                               pool_capacity=4096, prefix_cache_capacity=3072)
-    daemon = start_scout(tmp, twin, other, prefixed, rows=2, context_length=512, max_output_tokens=24,
+    daemon = start_scout(tmp, twin, other, prefixed, rows=2, context_length=512, max_output_tokens=BUSY_TOKENS,
                          session_cache_capacity=2)
     try:
         for model in ("scout", "twin", "other", "prefixed"):  # a deployment's first step loads its kernels: slow once
@@ -180,7 +185,7 @@ def test_streamed_and_json_turns_alternate_on_one_session(server):
 
 def test_concurrent_use_of_one_session_is_409(server):
     long = {"model": "scout", "messages": [{"role": "user", "content": "Count from 1 to 100."}],
-            "temperature": 0, "max_tokens": 24}
+            "temperature": 0, "max_tokens": BUSY_TOKENS}
     results = {}
 
     def first():
