@@ -43,6 +43,7 @@ from loomc import LOOMC_VERSION
 from loomc.dtypes import DTYPES, numpy_type
 from loomc.files import default_cache_dir, write_atomically
 from loomc.ir import module as ir
+from loomc.lower.lanes import refs
 from loomc.lower.render import TargetRenderer
 from loomc.ir.interpret import to_dtype
 from loomc.lower.numba_helpers import IMPORTS, helpers_for
@@ -133,16 +134,6 @@ def _fold_width(s: ir.For) -> int | None:
     return width if (value.a, value.b) == (here, there) else None
 
 
-def _refs(e: ir.Expr) -> set[str]:
-    names, stack = set(), [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, ir.Ref):
-            names.add(x.name)
-        stack.extend(ir.children(x))
-    return names
-
-
 def _loop_work(body: tuple, outside: set[str], extent) -> list[str]:
     """The iterations of a lane's loops as terms of a sum, each loop's trip count times those
     of the loops inside it, for the loops whose bounds are known before the parallel loop
@@ -150,7 +141,7 @@ def _loop_work(body: tuple, outside: set[str], extent) -> list[str]:
     of a lane as far as it can be told beforehand."""
     terms = []
     for s in body:
-        if isinstance(s, ir.For) and _refs(s.start) | _refs(s.end) <= outside:
+        if isinstance(s, ir.For) and refs(s.start) | refs(s.end) <= outside:
             inner = _loop_work(s.body, outside, extent)
             terms.append(extent(s) + (f" * ({' + '.join(inner)})" if inner else ""))
         elif isinstance(s, ir.If):
