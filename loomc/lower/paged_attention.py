@@ -41,12 +41,16 @@ and features in the vector lanes for the values. When every page of its keys is 
 a task also keeps each lane's scores as one row of keys and runs the `attention` motif's row
 softmax on it (`_lm_attend_rows`): the 16-lane columns spent the softmax's passes on 3 live
 lanes of 16. Same bits; a hot decode call of 1 row got 10-25 % faster, one of 8 rows between
-0 and 25 % depending on the caches' size (docs/performance.md, fifth Zen 5 session).
+0 and 25 % depending on the caches' size (docs/performance.md, fifth Zen 5 session). Such a
+task reads its queries where they are (no packing), and its chains are compiled for its exact
+lane count (1 to FEW), so scout's 3 heads per kv head spend no chain on a fourth lane.
 
 A decode step reads each layer's keys and values once, long after the step before evicted
-them, so a task first asks for every cache line of the keys and values it will read
-(`_lm_prefetch_rows`): on the Zen 5 machine a decode call at about 100 positions went from
-30 to 25 us inside a served step, and the hot micro-benchmark did not move.
+them, so a task asks for the cache lines it will read ahead of use (`_lm_prefetch_rows`): a
+tile task all of them first; a decode task the keys of its first PREFETCH_PAGES pages, then,
+while it scores page pi, page pi + PREFETCH_PAGES's keys and page pi's values, so the memory
+works while the scores are computed. On the Zen 5 machine, 8 rows at 190 positions over
+layers evicted between calls: 94 -> 61-66 us (docs/performance.md, seventh session).
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ from loomc.lower.qdot import IR_HELPERS_SOURCE
 MOTIFS = {"attention_paged": ("f32", "f32"), "attention_paged_f16v": ("f32", "f16")}
 LANES = 16   # (token, head) pairs per task: the tile's vector width
 assert matmul.PANEL_ROWS == LANES, "the scores' rows are the tile's vectors"
-FEW = 4      # at most this many lanes (a decode token's heads of one kv head), keys or features fill the vectors
+FEW = 4      # (the drivers' lane dispatch goes up to 4) at most this many lanes (a decode token's heads of one kv head), keys or features fill the vectors
+PREFETCH_PAGES = 2   # how many pages ahead a decode task asks for the keys it will score
 
 FEW_SOURCE = '''
 from numba.extending import overload
@@ -95,10 +100,12 @@ def _lm_widen_halves(builder, bits, n):
 
 
 def _lm_few_codegen(kind):
-    # A decode token's few lanes (FEW at most) without the tile's 16: the same chains, keys or
-    # features in the vector lanes instead of (token, head) lanes
+    # A decode token's few lanes (the last argument, a literal up to FEW) without the tile's
+    # 16: the same chains, keys or features in the vector lanes instead of (token, head) lanes
     def codegen(context, builder, sig, args):
         from llvmlite import ir as llir
+
+        n_lanes = sig.args[-1].literal_value
 
         f32, i32, i64 = llir.FloatType(), llir.IntType(32), llir.IntType(64)
         vec, ivec = llir.VectorType(f32, 16), llir.VectorType(i32, 16)
@@ -124,13 +131,15 @@ def _lm_few_codegen(kind):
                                           llir.Constant(vec, None), llir.Constant(ivec, [0] * 16))
 
         if kind == "scores":
-            # (qp, kf, base, ld, kb, E, sc, sc_off, sc_ld): sc[sc_off + i * sc_ld + j] = chain over
-            # e < E of fma(qp[e * 16 + i], kf[base + j * ld + e], .) from +0.0, lanes i < FEW, keys
-            # j < 16 (keys j >= kb score zero queries' worth: zeros). Each 16 x 16 block of keys
-            # and features is loaded by rows and transposed in registers, so a vector holds one
+            # (qf, qoff, qld, kf, base, ld, kb, E, sc, sc_off, sc_ld): sc[sc_off + i * sc_ld + j] =
+            # chain over e < E of fma(qf[qoff[i] + e * qld], kf[base + j * ld + e], .) from +0.0,
+            # lanes i < FEW, keys j < 16 (keys j >= kb: zeros). Each 16 x 16 block of keys and
+            # features is loaded by rows and transposed in registers, so a vector holds one
             # feature of 16 keys.
-            qp, kf, sc = data(0), data(1), data(6)
-            base, ld, kb, depth, sc_off, sc_ld = values[2], values[3], values[4], values[5], values[7], values[8]
+            qf, qoffs, kf, sc = data(0), data(1), data(3), data(8)
+            qld, base, ld, kb, depth, sc_off, sc_ld = (values[2], values[4], values[5], values[6], values[7],
+                                                       values[9], values[10])
+            qoff = [builder.load(builder.gep(qoffs, [c64(i)])) for i in range(n_lanes)]
             live = [builder.icmp_signed("<", c64(j), kb) for j in range(16)]
             rows = [builder.gep(kf, [builder.add(base, builder.mul(builder.select(live[j], c64(j), c64(0)), ld))])
                     for j in range(16)]
@@ -148,13 +157,13 @@ def _lm_few_codegen(kind):
                             new[r + h] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ivec, hi))
                     v = new
                 for e in range(16):
-                    at = builder.mul(builder.add(off, c64(e)), c64(16))
-                    accs = [builder.call(fma, [splat(builder.gep(qp, [builder.add(at, c64(i))])), v[e], accs[i]])
-                            for i in range(FEW)]
+                    at = builder.mul(builder.add(off, c64(e)), qld)
+                    accs = [builder.call(fma, [splat(builder.gep(qf, [builder.add(qoff[i], at)])), v[e], accs[i]])
+                            for i in range(n_lanes)]
                 return accs
 
-            accs = _lm_vector_loop(builder, builder.sdiv(depth, c64(16)), [zero] * FEW, chunk)
-            for i in range(FEW):
+            accs = _lm_vector_loop(builder, builder.sdiv(depth, c64(16)), [zero] * n_lanes, chunk)
+            for i in range(n_lanes):
                 vstore(accs[i], builder.gep(sc, [builder.add(sc_off, builder.mul(sc_ld, c64(i)))]))
         else:
             # (st, st_off, lane_ld, key_ld, vf, base, ld, kb, E, acc): acc[i * E + e] continues its
@@ -166,27 +175,44 @@ def _lm_few_codegen(kind):
             st_off, lane_ld, key_ld = values[1], values[2], values[3]
             base, ld, kb, depth = values[5], values[6], values[7], values[8]
 
-            def chunk(c, unused):
-                off = builder.mul(c, c64(16))
-                slots = [builder.gep(acc, [builder.add(builder.mul(depth, c64(i)), off)]) for i in range(FEW)]
+            def chunks(first, width):
+                # feature chunks first .. first + width of every lane, their chains carried
+                # together over the keys (width x n_lanes independent chains hide the fma's latency)
+                offs = [builder.mul(builder.add(first, c64(w)), c64(16)) for w in range(width)]
+                slots = [builder.gep(acc, [builder.add(builder.mul(depth, c64(i)), off)]) for off in offs for i in range(n_lanes)]
 
                 def key(n, accs):
-                    value_at = builder.gep(vf, [builder.add(builder.add(base, builder.mul(n, ld)), off)])
-                    if halves:
-                        bits = builder.bitcast(value_at, llir.VectorType(llir.IntType(16), 16).as_pointer())
-                        row = _lm_widen_halves(builder, builder.load(bits, align=2), 16)
-                    else:
-                        row = vload(value_at)
+                    start = builder.add(base, builder.mul(n, ld))
                     at = builder.add(st_off, builder.mul(n, key_ld))
-                    return [builder.call(fma, [splat(builder.gep(st, [builder.add(at, builder.mul(lane_ld, c64(i)))])),
-                                               row, accs[i]]) for i in range(FEW)]
+                    p = [splat(builder.gep(st, [builder.add(at, builder.mul(lane_ld, c64(i)))])) for i in range(n_lanes)]
+                    out = []
+                    for w, off in enumerate(offs):
+                        value_at = builder.gep(vf, [builder.add(start, off)])
+                        if halves:
+                            bits = builder.bitcast(value_at, llir.VectorType(llir.IntType(16), 16).as_pointer())
+                            row = _lm_widen_halves(builder, builder.load(bits, align=2), 16)
+                        else:
+                            row = vload(value_at)
+                        out += [builder.call(fma, [p[i], row, accs[w * n_lanes + i]]) for i in range(n_lanes)]
+                    return out
 
                 accs = _lm_vector_loop(builder, kb, [vload(slot) for slot in slots], key)
                 for slot, a in zip(slots, accs):
                     vstore(a, slot)
+
+            blocks = builder.sdiv(depth, c64(16))
+            quads = builder.sdiv(blocks, c64(4))
+
+            def quad(c, unused):
+                chunks(builder.mul(c, c64(4)), 4)
                 return unused
 
-            _lm_vector_loop(builder, builder.sdiv(depth, c64(16)), [c64(0)], chunk)
+            def single(c, unused):
+                chunks(builder.add(builder.mul(quads, c64(4)), c), 1)
+                return unused
+
+            _lm_vector_loop(builder, quads, [c64(0)], quad)
+            _lm_vector_loop(builder, builder.sub(blocks, builder.mul(quads, c64(4))), [c64(0)], single)
         return context.get_dummy_value()
 
     return codegen
@@ -294,13 +320,43 @@ def _lm_f32_rows_typed(cache, bases, nk, S, KD, E):
 
 
 @intrinsic
-def _lm_scores_few(typingctx, qp, kf, base, ld, kb, depth, sc, sc_off, sc_ld):
-    return types.none(qp, kf, base, ld, kb, depth, sc, sc_off, sc_ld), _lm_few_codegen("scores")
+def _lm_scores_few(typingctx, qf, qoff, qld, kf, base, ld, kb, depth, sc, sc_off, sc_ld, lanes):
+    if not isinstance(lanes, types.IntegerLiteral):
+        return None
+    return types.none(qf, qoff, qld, kf, base, ld, kb, depth, sc, sc_off, sc_ld, lanes), _lm_few_codegen("scores")
 
 
 @intrinsic
-def _lm_values_few(typingctx, st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc):
-    return types.none(st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc), _lm_few_codegen("values")
+def _lm_values_few(typingctx, st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc, lanes):
+    if not isinstance(lanes, types.IntegerLiteral):
+        return None
+    return types.none(st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc, lanes), _lm_few_codegen("values")
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_scores_lanes(lanes, qf, qoff, qld, kf, base, ld, kb, depth, sc, sc_off, sc_ld):
+    # _lm_scores_few for exactly `lanes` lanes (1 .. FEW), no chain spent on an idle lane
+    if lanes == 1:
+        _lm_scores_few(qf, qoff, qld, kf, base, ld, kb, depth, sc, sc_off, sc_ld, 1)
+    elif lanes == 2:
+        _lm_scores_few(qf, qoff, qld, kf, base, ld, kb, depth, sc, sc_off, sc_ld, 2)
+    elif lanes == 3:
+        _lm_scores_few(qf, qoff, qld, kf, base, ld, kb, depth, sc, sc_off, sc_ld, 3)
+    else:
+        _lm_scores_few(qf, qoff, qld, kf, base, ld, kb, depth, sc, sc_off, sc_ld, 4)
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_values_lanes(lanes, st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc):
+    # _lm_values_few for exactly `lanes` lanes (1 .. FEW)
+    if lanes == 1:
+        _lm_values_few(st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc, 1)
+    elif lanes == 2:
+        _lm_values_few(st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc, 2)
+    elif lanes == 3:
+        _lm_values_few(st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc, 3)
+    else:
+        _lm_values_few(st, st_off, lane_ld, key_ld, vf, base, ld, kb, depth, acc, 4)
 '''
 
 
@@ -327,9 +383,13 @@ def _lm_mask(st, nk, lanes, lpos, ok, S, value):
 def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, N, L, S, KD, layer, g, E, scale, o):
     # one task: lanes pair0 .. pair0 + 16 of row `row`'s (token, head of group g) pairs
     lanes = min(16, count * hpg - pair0)
-    tok = np.zeros(16, np.int64)
-    col = np.zeros(16, np.int64)
-    lpos = np.full(16, -1, np.int64)
+    tok = carray(_lm_alloca(16, np.int64), (16,))   # on the stack: a decode task is a few us
+    col = carray(_lm_alloca(16, np.int64), (16,))
+    lpos = carray(_lm_alloca(16, np.int64), (16,))
+    for i in range(16):
+        tok[i] = 0
+        col[i] = 0
+        lpos[i] = -1
     top_pos = 0
     for i in range(lanes):
         pair = pair0 + i
@@ -342,38 +402,53 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
     # where each page's keys of kv head g start in the flat caches (-1: no valid page); a
     # decode step finds them evicted, so every cache line of them is asked for at once
     bases = np.full(pages, -1, np.int64)
+    few = lanes <= FEW and E % 16 == 0   # a decode token's heads: keys, not lanes, fill the vectors
+    present = True
     for pi in range(pages):
         page = page_table[row, pi]
         if page >= 0 and page < N:
             bases[pi] = ((page * L + layer) * S) * KD + g * E
-            _lm_prefetch_rows(kf, bases[pi], min(S, nk - pi * S), KD, E)
-            _lm_prefetch_rows(vf, bases[pi], min(S, nk - pi * S), KD, E)
-    few = lanes <= FEW and E % 16 == 0   # a decode token's heads: keys, not lanes, fill the vectors
+            if not few or pi < PREFETCH_PAGES:
+                _lm_prefetch_rows(kf, bases[pi], min(S, nk - pi * S), KD, E)
+            if not few:
+                _lm_prefetch_rows(vf, bases[pi], min(S, nk - pi * S), KD, E)
+        else:
+            present = False
     kw, kb, kl = _lm_f32_rows(kf, bases, nk, S, KD, E)
+    if few and present:   # a decode token: its queries read in place, values widened as loaded
+        qoff = carray(_lm_alloca(FEW, np.int64), (FEW,))
+        for i in range(FEW):
+            qoff[i] = tok[min(i, lanes - 1)] * q.shape[1] + col[min(i, lanes - 1)]
+        _lm_attend_rows(q.reshape(-1), qoff, lanes, tok, col, lpos, nk, pages, S, kw, kb, kl, vf, bases, KD, E, scale, o)
+        return
     # values as f32 for the tile; `few` reads them in place, an f16 cache's widened as loaded
     vw, vb, vl = _lm_f32_rows(vf, bases, 0 if few else nk, S, KD, E)
     _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kw, vw, kb, kl, vb, vl, vf, few, E, scale, o)
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
-def _lm_attend_rows(qp, lanes, tok, col, lpos, nk, pages, S, kf, bases, ld, cache, E, scale, o):
-    # a few-lane task with every page present: lane i's scores one row of keys,
-    # st[i * kp + n], softmax_scaled as the `attention` motif runs a row (_lm_softmax_row, in
-    # whole vectors past the lane's keys), then its keys past its position 0, as the tile's masks
-    # leave them
+def _lm_attend_rows(qf, qoff, lanes, tok, col, lpos, nk, pages, S, kf, bases, ld, cache, vbases, vld, E, scale, o):
+    # a few-lane task with every page present: lane i's query at qf[qoff[i] ..], its scores one
+    # row of keys, st[i * kp + n], softmax_scaled as the `attention` motif runs a row
+    # (_lm_softmax_row, in whole vectors past the lane's keys), then its keys past its position
+    # 0, as the tile's masks leave them. Page pi + PREFETCH_PAGES's keys and page pi's values are
+    # asked for while page pi is scored: the first pages' keys were asked for by the caller
     kp = pages * S + 16   # a block's store of 16 keys, and the softmax's last vector, stay inside the row
     st = np.empty(FEW * kp, np.float32)
     for pi in range(pages):
         kb = min(S, nk - pi * S)
+        if pi + PREFETCH_PAGES < pages:
+            _lm_prefetch_rows(kf, bases[pi + PREFETCH_PAGES], min(S, nk - (pi + PREFETCH_PAGES) * S), ld, E)
+        _lm_prefetch_rows(cache, vbases[pi], kb, vld, E)
         for j0 in range(0, kb, 16):
-            _lm_scores_few(qp, kf, bases[pi] + j0 * ld, ld, min(16, kb - j0), E, st, pi * S + j0, kp)
+            _lm_scores_lanes(lanes, qf, qoff, 1, kf, bases[pi] + j0 * ld, ld, min(16, kb - j0), E, st, pi * S + j0, kp)
     for i in range(lanes):
         _lm_softmax_row(st, i * kp, lpos[i] + 1, scale, kp - lpos[i] - 1)
         for n in range(lpos[i] + 1, nk):
             st[i * kp + n] = np.float32(0.0)
     acc = np.zeros(FEW * E, np.float32)
     for pi in range(pages):
-        _lm_values_few(st, pi * S, kp, 1, cache, bases[pi], ld, min(S, nk - pi * S), E, acc)
+        _lm_values_lanes(lanes, st, pi * S, kp, 1, cache, vbases[pi], vld, min(S, nk - pi * S), E, acc)
     for i in range(lanes):
         for e in range(E):
             o[tok[i], col[i] + e] = acc[i * E + e]
@@ -391,9 +466,9 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
     ok = np.zeros(pages, np.bool_)
     for pi in range(pages):
         ok[pi] = bases[pi] >= 0
-    if few and ok.all():
-        _lm_attend_rows(qp, lanes, tok, col, lpos, nk, pages, S, kf, bases, ld, cache, E, scale, o)
-        return
+    lane_at = carray(_lm_alloca(FEW, np.int64), (FEW,))   # lane i's features in qp: i, 16 apart
+    for i in range(FEW):
+        lane_at[i] = i
     # the scores, st[n * 16 + i] = q_i . k_n: one fma chain over e from +0.0 per element
     st = np.zeros(pages * S * 16, np.float32)
     sc = np.zeros(FEW * 16, np.float32)
@@ -403,7 +478,7 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
             base = bases[pi]
             if few:
                 for j0 in range(0, kb, 16):
-                    _lm_scores_few(qp, kf, base + j0 * ld, ld, min(16, kb - j0), E, sc, 0, 16)
+                    _lm_scores_few(qp, lane_at, 16, kf, base + j0 * ld, ld, min(16, kb - j0), E, sc, 0, 16, FEW)
                     for j in range(min(16, kb - j0)):
                         for i in range(lanes):
                             st[(pi * S + j0 + j) * 16 + i] = sc[i * 16 + j]
@@ -437,7 +512,7 @@ def _lm_attend_keys(q, lanes, tok, col, lpos, nk, pages, S, kf, vf, bases, ld, v
         acc = np.zeros(FEW * E, np.float32)
         for pi in range(pages):
             if ok[pi]:
-                _lm_values_few(st, pi * S * 16, 1, 16, cache, bases[pi], ld, min(S, nk - pi * S), E, acc)
+                _lm_values_few(st, pi * S * 16, 1, 16, cache, bases[pi], ld, min(S, nk - pi * S), E, acc, FEW)
         for i in range(lanes):
             for e in range(E):
                 o[tok[i], col[i] + e] = acc[i * E + e]
@@ -522,7 +597,7 @@ def render_module(motif: str = "attention_paged") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: causal grouped-query attention over the paged cache on the GEMM tile "
               f"(loomc/lower/paged_attention.py), tile {matmul.PANEL_ROWS} x {matmul.TILE_COLS}\n")
-    constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\nFEW = {FEW}\n"
+    constants = f"MR = {matmul.PANEL_ROWS}\nNR = {matmul.TILE_COLS}\nUNROLL = {matmul.UNROLL}\nFEW = {FEW}\nPREFETCH_PAGES = {PREFETCH_PAGES}\n"
     helpers = "".join(h + "\n\n" for h in helpers_for(_DRIVER + SOFTMAX_ROW_SOURCE))
     return (header + IMPORTS + "\n" + constants + "\n" + helpers + matmul.TILE_SOURCE + SOFTMAX_VECTOR_SOURCE
             + SOFTMAX_ROW_SOURCE + IR_HELPERS_SOURCE + FEW_SOURCE + "\n" + _DRIVER)

@@ -111,6 +111,37 @@ def test_a_few_lane_task_of_two_tokens_sees_each_token_s_own_prefix(programs, rn
                                                                     kv_heads))
 
 
+@pytest.mark.parametrize("program", ["tiled", "tiled_f16v"])
+@pytest.mark.parametrize("per_group, e", [(1, 80), (2, 16), (3, 64), (4, 32)])
+def test_decode_tokens_of_one_to_four_heads_per_kv_head_are_the_motif_bit_for_bit(programs, rng, program, per_group, e):
+    # one token per call: a task of per_group lanes, each lane count compiled on its own (no
+    # chain for an idle lane); 80 features are value chains in a group of 64 and one of 16
+    kv_heads, tokens = 2, 35
+    heads = per_group * kv_heads
+    k, v, table = cache(rng, 1, 3, 16, kv_heads * e)
+    v16 = v.astype(np.float16)
+    q = rng.standard_normal((tokens, heads * e)).astype(np.float32)
+    values = v16 if program == "tiled_f16v" else v16.astype(np.float32)
+    steps = [call(programs[program], q[t:t + 1], [0], [t], table, k, values, heads, kv_heads) for t in range(tokens)]
+    want = reference(q, [0] * tokens, range(tokens), table, k, v16.astype(np.float32), heads, kv_heads)
+    np.testing.assert_array_equal(np.concatenate(steps), want)
+
+
+def test_a_decode_token_past_a_missing_page_gets_the_bits_the_tile_gives_it(programs, rng):
+    # alone, a token's 3 lanes take the few-lane path with a masked page; packed with four more
+    # tokens of its row, 15 lanes take the tile
+    heads, kv_heads, e = 9, 3, 64
+    k, v, table = cache(rng, 1, 4, 16, kv_heads * e)
+    table[0, 1] = -1
+    positions = [50, 51, 52, 53, 54]
+    q = rng.standard_normal((len(positions), heads * e)).astype(np.float32)
+    packed = call(programs["tiled"], q, [0] * len(positions), positions, table, k, v, heads, kv_heads)
+    alone = [call(programs["tiled"], q[t:t + 1], [0], positions[t:t + 1], table, k, v, heads, kv_heads)
+             for t in range(len(positions))]
+    np.testing.assert_array_equal(np.concatenate(alone), packed)
+    assert packed.all()
+
+
 def test_a_row_gives_the_same_bits_alone_or_packed_with_other_rows(programs, rng):
     # three rows: a prefill chunk in the middle of its prompt, and two decode tokens, their
     # tokens interleaved in the pack
