@@ -99,6 +99,22 @@ def _round(text: str, dtype: str) -> str:
     return f"_lm_round_{dtype}({text})" if dtype in _HALF else text
 
 
+def _unrounded(text: str, dtype: str) -> str:
+    """`text` without an outermost `_lm_round_{dtype}(...)`: a store takes a half value's bits,
+    and the bits of a value rounded to the half type are the bits of the value (rounding twice
+    is rounding once, NaN included), so a stored conversion is not converted back and forth
+    (the scalar helpers' branches kept a cache write out of vector code)."""
+    head = f"_lm_round_{dtype}("
+    if not (text.startswith(head) and text.endswith(")")):
+        return text
+    depth = 0
+    for i in range(len(head) - 1, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[len(head):-1] if i == len(text) - 1 else text
+    return text
+
+
 def const(dtype: str, value) -> str:
     if dtype == "bool":
         return "True" if value else "False"
@@ -301,7 +317,7 @@ class _Renderer(TargetRenderer):
     def stmt_store(self, s: ir.Store, depth: int) -> None:
         value = self.expr(s.value)
         if s.value.dtype in _HALF:
-            value = f"_lm_{s.value.dtype}_bits({value})"
+            value = f"_lm_{s.value.dtype}_bits({_unrounded(value, s.value.dtype)})"
         self.add(depth, f"{var(s.buf)}[{self.index(s.index)}] = {value}")
 
     def stmt_for(self, s: ir.For, depth: int) -> None:

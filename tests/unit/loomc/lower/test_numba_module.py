@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from loomc.check import load_files
 from loomc.cli import main
+from loomc.ir import interpret
 from loomc.lower.kernels import lower_kernel
 from loomc.lower.numba import default_cache_dir, load_group, module_path, render_module
 
@@ -171,3 +172,36 @@ def test_a_heavy_parallel_loop_of_little_known_work_runs_serially(tmp_path):
         y = np.zeros_like(x)
         fn(x.reshape(-1), y.reshape(-1), d, rows)   # symbols in name order
         np.testing.assert_array_equal(y, x * 2 + 1)
+
+
+HALVES = """kernel halves(x: f32[N], out h: f16[N], out b: bf16[N], out s: f16[N]) {
+    parallel for i in 0..N {
+        h[i] = f16(x[i])
+        b[i] = bf16(x[i])
+        s[i] = f16(x[i]) + f16(1.0)
+    }
+}
+"""
+
+
+def test_a_stored_conversion_to_a_half_type_is_narrowed_once(tmp_path):
+    # the bits of a value rounded to f16 (bf16) are the bits of the value: a store takes
+    # them straight from the f32, not back and forth through the rounded value; the operands
+    # of a sum are still rounded before it
+    g = lowered(tmp_path, HALVES, "halves")
+    text = render_module(g)
+    assert "_lm_f16_bits(np.float32(" in text and "_lm_bf16_bits(np.float32(" in text
+    assert "_lm_f16_bits(_lm_round_f16(np.float32(" not in text
+    (sum_store,) = [line for line in text.splitlines() if "v_s[" in line and "=" in line][:1]
+    assert "_lm_round_f16(np.float32(v_x" in sum_store   # the operand is rounded before the sum
+    (fn,) = load_group(g, tmp_path / "cache")
+    x = np.array([0.1, -65519.99, 65520.0, 1e-8, 6e-8, 2.0 ** -24 * 1.5, np.inf, -np.inf, np.nan,
+                  np.float32(1 + 2 ** -11), -0.0], np.float32)
+    x = np.concatenate([x, np.uint32([0x7F800001, 0xFFC01234]).view(np.float32)])   # NaNs with payloads
+    h, b, s = (np.zeros(x.size, np.uint16) for _ in range(3))
+    fn(x, h, b, s, x.size)
+    np.testing.assert_array_equal(h, [interpret._bitcast(interpret._cast(float(v), "f32", "f16"), "f16", "u16") for v in x])
+    np.testing.assert_array_equal(b, [interpret._bitcast(interpret._cast(float(v), "f32", "bf16"), "bf16", "u16") for v in x])
+    one = interpret._cast(1.0, "f32", "f16")
+    np.testing.assert_array_equal(s, [interpret._bitcast(interpret._cast(interpret._cast(float(v), "f32", "f16") + one, "f32", "f16"),
+                                                         "f16", "u16") for v in x])
