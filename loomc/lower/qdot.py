@@ -328,6 +328,11 @@ def _lm_halves(builder, at, count):
     return [builder.extract_element(wide, llir.Constant(llir.IntType(32), i)) for i in range(count)]
 
 
+def _lm_umax(builder, a, b):
+    # lane-wise unsigned maximum of two integer vectors (vpmaxud)
+    return builder.select(builder.icmp_unsigned(">", a, b), a, b)
+
+
 def _lm_quantize_codegen(context, builder, sig, args):
     # _lm_quantize_rows(x, x_off, blocks, ws, q_off, d_off, s_off, stride): per block b of 32
     # floats of x from x_off, its 16-bit codes (from element q_off of ws as i16), its scale and
@@ -343,19 +348,27 @@ def _lm_quantize_codegen(context, builder, sig, args):
     sums = _lm_pointer(context, builder, sig.args[3], ws, s_off, f32)
     v16f, v16i = llir.VectorType(f32, 16), llir.VectorType(i32, 16)
     fabs = _lm_ir_function(builder, "llvm.fabs.v32f32", v32f, [v32f])
-    maxnum = _lm_ir_function(builder, "llvm.maxnum.v16f32", v16f, [v16f, v16f])
     rint = _lm_ir_function(builder, "llvm.rint.v32f32", v32f, [v32f])
     total = _lm_ir_function(builder, "llvm.vector.reduce.add.v32i32", i32, [v32i])
 
     def top(a):
         # the largest lane of |x| ignoring NaN (NaN only if every lane is), as
-        # llvm.vector.reduce.fmax defines it: a butterfly of vector maxnum, exact in any order
-        # for values >= +0. (x86 expands reduce.fmax without fast-math flags lane by lane.)
-        m = builder.call(maxnum, [builder.shuffle_vector(a, a, llir.Constant(v16i, list(range(16)))),
-                                  builder.shuffle_vector(a, a, llir.Constant(v16i, list(range(16, 32))))])
+        # llvm.vector.reduce.fmax defines it. Lanes hold |x| >= +0, whose bits order as
+        # integers as the values do (infinity included), so a NaN lane becomes 0 and a
+        # butterfly of integer maxima finds the largest: exact, one cycle a step. (x86
+        # expands reduce.fmax without fast-math flags lane by lane; vector maxnum costs a
+        # compare and a blend on top of each maximum.)
+        bits = builder.bitcast(a, v32i)
+        nan = builder.fcmp_unordered("uno", a, a)
+        bits = builder.select(nan, llir.Constant(v32i, [0] * 32), bits)
+        m = _lm_umax(builder, builder.shuffle_vector(bits, bits, llir.Constant(v16i, list(range(16)))),
+                     builder.shuffle_vector(bits, bits, llir.Constant(v16i, list(range(16, 32)))))
         for step in (8, 4, 2, 1):
-            m = builder.call(maxnum, [m, builder.shuffle_vector(m, m, llir.Constant(v16i, [i ^ step for i in range(16)]))])
-        return builder.extract_element(m, llir.Constant(i32, 0))
+            m = _lm_umax(builder, m, builder.shuffle_vector(m, m, llir.Constant(v16i, [i ^ step for i in range(16)])))
+        largest = builder.bitcast(builder.extract_element(m, llir.Constant(i32, 0)), f32)
+        every_nan = builder.icmp_unsigned("==", builder.bitcast(nan, i32), llir.Constant(i32, -1))
+        # every lane NaN: the last lane's (its payload, as the maxnum butterfly gave it)
+        return builder.select(every_nan, builder.extract_element(a, llir.Constant(i32, 31)), largest)
 
     def narrow(r):
         # llvm.fptosi.sat to i16 (NaN -> 0, beyond the range -> its bound) as plain vector
@@ -366,7 +379,7 @@ def _lm_quantize_codegen(context, builder, sig, args):
         r = builder.select(builder.fcmp_ordered(">", r, bound[1]), bound[1], r)
         return builder.trunc(builder.fptosi(r, v32i), v32s)
 
-    def body(b, values):
+    def one(b):
         v = builder.load(builder.bitcast(builder.gep(xs, [builder.mul(b, llir.Constant(i64, 32))]), v32f.as_pointer()),
                          align=4)
         d = builder.fdiv(top(builder.call(fabs, [v])), llir.Constant(f32, 32767.0))
@@ -380,9 +393,8 @@ def _lm_quantize_codegen(context, builder, sig, args):
         builder.store(d, builder.gep(scales, [builder.mul(b, stride)]), align=4)
         s = builder.sitofp(builder.call(total, [builder.sext(q, v32i)]), f32)
         builder.store(builder.fmul(d, s), builder.gep(sums, [builder.mul(b, stride)]), align=4)
-        return values
 
-    _lm_vector_loop(builder, blocks, [llir.Constant(i64, 0)], body)
+    _lm_vector_loop(builder, blocks, [llir.Constant(i64, 0)], lambda b, values: (one(b), values)[1])
     return context.get_dummy_value()
 
 

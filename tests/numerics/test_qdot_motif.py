@@ -150,6 +150,23 @@ def test_a_nan_in_x_quantizes_to_code_zero_beside_its_block_s_other_codes(rng, d
     assert np.isnan(got[2]).all() and np.isfinite(got[:2]).all()
 
 
+def test_an_all_nan_block_s_scale_carries_its_last_lane_s_nan(rng):
+    # no largest value: the scale is |x[31]| / 32767, a NaN with that lane's payload (what the
+    # quantizing pass has always given; its integer maximum keeps it), and the row's outputs NaN
+    blocks, _ = quantized(rng, "q8_0", 16, 64)
+    payloads = np.uint32(0x7FC00000) + rng.permutation(32).astype(np.uint32) * np.uint32(1000) + np.uint32(7)
+    x = (rng.standard_normal((1, 64)) * 3).astype(np.float32)
+    x[0, :32] = payloads.view(np.float32)
+    x[0, 3] = -x[0, 3]
+    y = np.zeros((1, 16), np.float32)
+    workspace = np.zeros(qdot.workspace_elems(1, 64), np.float32)
+    qdot.load_function(MOTIF["q8_0x16"])(*qdot.launch_arguments(MOTIF["q8_0x16"], [x, panel_order(blocks, "q8_0x16"), y],
+                                                                workspace))
+    scale = workspace[64 // 2]   # after the row's 64 codes: block 0's scale
+    assert scale.view(np.uint32) == (np.abs(x[0, 31]) / np.float32(32767)).view(np.uint32)
+    assert np.isnan(y).all()
+
+
 def test_q8_0_panels_round_a_dot_past_2_to_the_24_once(rng):
     # all-positive weights and activations near their blocks' largest: |P| ~ 32 * 127 * 32767,
     # past f32's exact integers, so f32(P) rounds; the contract rounds it once, to nearest
