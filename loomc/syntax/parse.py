@@ -16,6 +16,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from loomc.syntax import ast
 from loomc.syntax.build import MAX_NESTING, AstBuilder, TooDeep
 from loomc.syntax.diagnostics import Diagnostic, LoomSyntaxError
+from loomc.syntax.parsed import cached_parse
 
 # Package data (`loomc/grammar/loom.lark`, listed in pyproject's package-data): found the same
 # way from a source checkout, an editable install or an installed wheel.
@@ -64,7 +65,12 @@ def terminal_spelling(name: str) -> str:
 
 
 def parse_module(text: str, path: str = "<input>") -> ast.Module:
-    """Parse one `.loom` file. Raises `LoomSyntaxError` (never a lark exception) on bad input."""
+    """Parse one `.loom` file. Raises `LoomSyntaxError` (never a lark exception) on bad input.
+    A file parsed before comes from the cache of parsed trees (`loomc.syntax.parsed`)."""
+    return cached_parse(text, path, _parse)
+
+
+def _parse(text: str, path: str) -> ast.Module:
     with _lock:
         _comment_sink.clear()
         try:
