@@ -80,6 +80,11 @@ def panel_order(array: np.ndarray, dtype: str, forward: bool = True) -> np.ndarr
     groups, blocks = rows // p, width // size
     out = np.empty(array.shape, np.uint8)
     plain, panels = (array, out) if forward else (out, array)
+    if unit in (2, 4, 8) and size % unit == 0 and head % unit == 0 and array.flags.c_contiguous:
+        # a unit as one element (uint16 for 2 bytes): numpy copies whole elements, not runs of
+        # `unit` bytes (scout's LM head: 60 -> 19 ms)
+        plain, panels = (a.view(f"u{unit}") for a in (plain, panels))
+        size, head, unit = size // unit, head // unit, 1
     by_row = plain.reshape(*lead, groups, p, blocks, size)
     by_block = panels.reshape(*lead, groups, blocks, p * size)
     for start, stop in ((0, head), (head, size)):
