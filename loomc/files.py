@@ -1,14 +1,17 @@
 """Files loomc and loomrt write: the one atomic writer, and the loom cache directory.
 
 `write_atomically` is how every generated file is written: `.loombc` output
-(`loomc build`), kernel modules in the kernel cache (`lower/numba.py`, `lower/matmul.py`)
-and tokenizers rebuilt from GGUF metadata (`loomrt.tokenizer`). `default_cache_dir` is
-the root of both caches (`<root>/kernels/`, `<root>/tokenizers/`). loomc never imports
+(`loomc build`), kernel modules in the kernel cache (`lower/numba.py`, `lower/matmul.py`),
+parsed trees (`syntax/parsed.py`) and tokenizers rebuilt from GGUF metadata
+(`loomrt.tokenizer`); `sealed`/`unsealed` checksum the cache entries that are unpickled.
+`default_cache_dir` is the root of the caches (`<root>/kernels/`, `<root>/parsed/`,
+`<root>/tokenizers/`). loomc never imports
 loomrt, so this module imports nothing of either.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
@@ -18,6 +21,22 @@ def default_cache_dir() -> Path:
     """`$LOOM_CACHE_DIR`, else `~/.cache/loom`."""
     configured = os.environ.get("LOOM_CACHE_DIR")
     return Path(configured) if configured else Path.home() / ".cache" / "loom"
+
+
+def sealed(payload: bytes, magic: bytes) -> bytes:
+    """`payload` behind `magic` and its sha256: how a cache entry that is unpickled when read
+    (numba's compiled kernels, parsed trees) is stored, so that a damaged entry is noticed."""
+    return magic + hashlib.sha256(payload).digest() + payload
+
+
+def unsealed(data: bytes, magic: bytes) -> bytes | None:
+    """The payload of `sealed(payload, magic)`, or None when `data` is not one or its digest
+    does not match: then nothing of it is unpickled."""
+    head = len(magic)
+    if len(data) < head + 32 or not data.startswith(magic):
+        return None
+    digest, payload = data[head:head + 32], data[head + 32:]
+    return payload if hashlib.sha256(payload).digest() == digest else None
 
 
 def write_atomically(path: Path, data: bytes | str, *, mode: int = 0o666, parents: bool = False) -> None:

@@ -41,7 +41,7 @@ import numpy as np
 
 from loomc import LOOMC_VERSION
 from loomc.dtypes import DTYPES, numpy_type
-from loomc.files import default_cache_dir, write_atomically
+from loomc.files import default_cache_dir, sealed, unsealed, write_atomically
 from loomc.ir import module as ir
 from loomc.lower.lanes import refs
 from loomc.lower.render import TargetRenderer
@@ -545,16 +545,11 @@ _CACHE_MAGIC = b"loom-nb1"
 
 
 def _sealed(payload: bytes) -> bytes:
-    return _CACHE_MAGIC + hashlib.sha256(payload).digest() + payload
+    return sealed(payload, _CACHE_MAGIC)
 
 
 def _unsealed(data: bytes) -> bytes | None:
-    """The payload of a sealed file, or None when it is not one or its digest does not match."""
-    head = len(_CACHE_MAGIC)
-    if len(data) < head + 32 or not data.startswith(_CACHE_MAGIC):
-        return None
-    digest, payload = data[head:head + 32], data[head + 32:]
-    return payload if hashlib.sha256(payload).digest() == digest else None
+    return unsealed(data, _CACHE_MAGIC)
 
 
 class _CorruptCacheFile(Exception):

@@ -8,8 +8,9 @@ compile phase went from 0.87-0.99 s to 0.72-0.86 s (3 runs each).
 An entry is named by a digest of the file's text and path and of everything that decides the
 tree: the grammar, the sources of this package (the builder, the tree's classes), the versions of
 loomc, lark and Python. A file that does not parse is never stored (its error is raised again). A
-missing, unreadable or corrupt entry is parsed again and replaced; one that cannot be written is
-simply not kept.
+missing, unreadable or corrupt entry (each is stored behind its sha256, which is checked before
+anything is unpickled) is parsed again and replaced; one that cannot be written is simply not
+kept.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from loomc import LOOMC_VERSION
-from loomc.files import default_cache_dir, write_atomically
+from loomc.files import default_cache_dir, sealed, unsealed, write_atomically
 from loomc.syntax import ast
 
 
@@ -45,6 +46,7 @@ def entry_path(text: str, path: str) -> Path:
     return default_cache_dir() / "parsed" / f"{digest.hexdigest()[:32]}.pickle"
 
 
+MAGIC = b"loom-ast1"   # entries are sealed (loomc.files): nothing is unpickled before its digest is checked
 # Shorter texts (a test's snippet, a REPL line) parse in about the time an entry takes to write.
 MIN_CHARS = 1024
 
@@ -55,14 +57,15 @@ def cached_parse(text: str, path: str, parse: Callable[[str, str], ast.Module]) 
         return parse(text, path)
     entry = entry_path(text, path)
     try:
-        module = pickle.loads(entry.read_bytes())
+        payload = unsealed(entry.read_bytes(), MAGIC)
+        module = pickle.loads(payload) if payload is not None else None
         if isinstance(module, ast.Module) and module.path == path and module.source == text:
             return module
-    except Exception:   # no entry yet, or one that is not a tree (a partial write cannot happen)
+    except Exception:   # no entry yet, or one that does not load
         pass
     module = parse(text, path)
     try:
-        write_atomically(entry, pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL), parents=True)
+        write_atomically(entry, sealed(pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL), MAGIC), parents=True)
     except OSError:
         pass
     return module

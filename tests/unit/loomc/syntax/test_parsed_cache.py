@@ -6,7 +6,8 @@ import pytest
 
 from loomc.syntax import parse as parse_mod
 from loomc.syntax.diagnostics import LoomSyntaxError
-from loomc.syntax.parsed import MIN_CHARS, entry_path
+from loomc.files import sealed, unsealed
+from loomc.syntax.parsed import MAGIC, MIN_CHARS, entry_path
 
 # A file long enough to be kept (MIN_CHARS), with a comment the tree carries
 SOURCE = "// doubles\nkernel twice(x: f32[N], out y: f32[N]) {\n    parallel for i in 0..N {\n" + \
@@ -50,15 +51,22 @@ def test_another_text_or_path_is_parsed_anew(cache, parses):
     assert parses == ["twice.loom", "other.loom", "twice.loom"]
 
 
-def test_a_corrupt_or_foreign_entry_is_parsed_again_and_replaced(cache, parses):
+def test_a_corrupt_unsealed_or_foreign_entry_is_parsed_again_and_replaced(cache, parses):
     entry = entry_path(SOURCE, "twice.loom")
     entry.parent.mkdir(parents=True)
     entry.write_bytes(b"not a pickle")
     good = parse_mod.parse_module(SOURCE, "twice.loom")
-    entry.write_bytes(pickle.dumps(parse_mod._parse(SOURCE.replace("2.0", "3.0"), "twice.loom")))
+    sealed_good = entry.read_bytes()
+    assert unsealed(sealed_good, MAGIC) is not None
+    entry.write_bytes(pickle.dumps(good))   # a tree, but not sealed: never unpickled
     assert parse_mod.parse_module(SOURCE, "twice.loom") == good
-    assert len(parses) == 3
-    assert pickle.loads(entry.read_bytes()) == good
+    entry.write_bytes(sealed_good[:-1] + bytes([sealed_good[-1] ^ 1]))   # one bit off: the digest differs
+    assert parse_mod.parse_module(SOURCE, "twice.loom") == good
+    other = parse_mod._parse(SOURCE.replace("2.0", "3.0"), "twice.loom")   # sealed, but another file's tree
+    entry.write_bytes(sealed(pickle.dumps(other), MAGIC))
+    assert parse_mod.parse_module(SOURCE, "twice.loom") == good
+    assert len(parses) == 5   # the first parse, three re-parses (and `other`, made here)
+    assert entry.read_bytes() == sealed_good
 
 
 def test_a_file_that_does_not_parse_is_not_kept(cache, parses):
