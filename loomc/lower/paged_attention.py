@@ -49,8 +49,10 @@ A decode step reads each layer's keys and values once, long after the step befor
 them, so a task asks for the cache lines it will read ahead of use (`_lm_prefetch_rows`): a
 tile task all of them first; a decode task the keys of its first PREFETCH_PAGES pages, then,
 while it scores page pi, page pi + PREFETCH_PAGES's keys and page pi's values, so the memory
-works while the scores are computed. On the Zen 5 machine, 8 rows at 190 positions over
-layers evicted between calls: 94 -> 61-66 us (docs/performance.md, seventh session).
+works while the scores are computed; and every task first asks for the first keys of the
+task after it, most often the same thread's next. On the Zen 5 machine, 8 rows at 190
+positions over layers evicted between calls: 94-121 -> 61-73 us, and 79-84 -> 77 us with the
+next task's keys (docs/performance.md, seventh session).
 """
 
 from __future__ import annotations
