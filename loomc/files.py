@@ -5,8 +5,7 @@
 parsed trees (`syntax/parsed.py`) and tokenizers rebuilt from GGUF metadata
 (`loomrt.tokenizer`); `sealed`/`unsealed` checksum the cache entries that are unpickled.
 `default_cache_dir` is the root of the caches (`<root>/kernels/`, `<root>/parsed/`,
-`<root>/tokenizers/`). loomc never imports
-loomrt, so this module imports nothing of either.
+`<root>/tokenizers/`). loomc never imports loomrt, so this module imports nothing of either.
 """
 
 from __future__ import annotations
