@@ -406,14 +406,15 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
     nk = top_pos + 1
     pages = (nk + S - 1) // S
     # where each page's keys of kv head g start in the flat caches (-1: no valid page); a
-    # decode step finds them evicted, so every cache line of them is asked for at once
+    # decode step finds them evicted: a tile task asks for all of them at once, a decode task
+    # for its first pages (the rest while it scores, _lm_attend_rows)
     bases = np.full(pages, -1, np.int64)
     few = lanes <= FEW and E % 16 == 0   # a decode token's heads: keys, not lanes, fill the vectors
     present = True
     for pi in range(pages):
         page = page_table[row, pi]
         if page >= 0 and page < N:
-            bases[pi] = ((page * L + layer) * S) * KD + g * E
+            bases[pi] = _lm_page_at(page, layer, g, L, S, KD, E)
             if not few or pi < PREFETCH_PAGES:
                 _lm_prefetch_rows(kf, bases[pi], min(S, nk - pi * S), KD, E)
             if not few:
@@ -423,8 +424,8 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
     kw, kb, kl = _lm_f32_rows(kf, bases, nk, S, KD, E)
     if few and present:   # a decode token: its queries read in place, values widened as loaded
         qoff = carray(_lm_alloca(FEW, np.int64), (FEW,))
-        for i in range(FEW):
-            qoff[i] = tok[min(i, lanes - 1)] * q.shape[1] + col[min(i, lanes - 1)]
+        for i in range(lanes):
+            qoff[i] = tok[i] * q.shape[1] + col[i]
         _lm_attend_rows(q.reshape(-1), qoff, lanes, tok, col, lpos, nk, pages, S, kw, kb, kl, vf, bases, KD, E, scale,
                         o)
         return
@@ -434,12 +435,18 @@ def _lm_attend(q, order, pair0, count, hpg, row, positions, page_table, kf, vf, 
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_page_at(page, layer, g, L, S, KD, E):
+    # where kv head g's features of `page`'s first slot in `layer` start in a flat cache
+    return ((page * L + layer) * S) * KD + g * E
+
+
+@njit(cache=True, fastmath=False, error_model="numpy")
 def _lm_ask_first_pages(kf, page_table, row, g, N, L, S, KD, layer, E):
     # the keys of kv head g in the first PREFETCH_PAGES pages of `row` (whole pages)
     for pi in range(min(PREFETCH_PAGES, page_table.shape[1])):
         page = page_table[row, pi]
         if page >= 0 and page < N:
-            _lm_prefetch_rows(kf, ((page * L + layer) * S) * KD + g * E, S, KD, E)
+            _lm_prefetch_rows(kf, _lm_page_at(page, layer, g, L, S, KD, E), S, KD, E)
 
 
 @njit(cache=True, fastmath=False, error_model="numpy")
