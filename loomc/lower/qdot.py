@@ -44,7 +44,11 @@ agrees with transformers everywhere, with either contract (tests/numerics/test_s
 How plain rows run: one pass quantizes every row of x into the workspace (codes, then scales,
 then sums; on one thread up to PARALLEL_QUANTIZE_BLOCKS blocks; in plain vector IR, since x86
 expands LLVM's `reduce.fmax` and saturating `fptosi` lane by lane, which made the pass about 1
-us a row of 576: an 8-row 576 x 576 projection took 16.1 us with it, 13.4 us without); then a
+us a row of 576: an 8-row 576 x 576 projection took 16.1 us with it, 13.4 us without; and
+QUANTIZE_GROUP = 16 blocks of a row at a time, their largest |x| and code sums reduced across
+the blocks together and the two divisions as one vector each, the same operations on the same
+values: alone, a block's reductions and divisions were one chain, 8.8-10 ns a block, in groups
+5.0-6.4 on the Zen 5 machine, an 8-row step's projections about 3 us a layer faster); then a
 task per 4 rows of w runs all T rows of x against them in tiles (`tile_shape`: 4 x 4 with
 AVX-512's 32 vector registers, else 2 x 2): each weight block is read from memory once per call
 and unpacked once per tile, and each activation block's load serves a tile's rows of w. With
@@ -99,6 +103,7 @@ assert all(DTYPES[d].panel_unit == 2 and PANEL_ROWS[d] == 16 for d in MOTIFS.val
 # own: below, one thread quantizes faster than a region starts (about 2 us with TBB; a block
 # takes about 8 ns). Measured on Zen 5 at K = 576 and 1536: serial won to 384 blocks, tied at 576.
 PARALLEL_QUANTIZE_BLOCKS = 512
+QUANTIZE_GROUP = 16                         # blocks the quantizing pass reduces together (lanes of a vector)
 PREFETCH_BYTES = 16384                      # how far ahead of each row's block its cache line is asked for
 
 
@@ -372,12 +377,14 @@ def _lm_quantize_codegen(context, builder, sig, args):
 
     def narrow(r):
         # llvm.fptosi.sat to i16 (NaN -> 0, beyond the range -> its bound) as plain vector
-        # compares and one conversion: x86 expands the saturating form lane by lane
+        # compares and one conversion: x86 expands the saturating form lane by lane. Also the
+        # codes as i32 (already in i16's range: their sum needs no sign extension)
         bound = [llir.Constant(v32f, [value] * 32) for value in (-32768.0, 32767.0)]
         r = builder.select(builder.fcmp_ordered("ord", r, r), r, llir.Constant(v32f, [0.0] * 32))
         r = builder.select(builder.fcmp_ordered("<", r, bound[0]), bound[0], r)
         r = builder.select(builder.fcmp_ordered(">", r, bound[1]), bound[1], r)
-        return builder.trunc(builder.fptosi(r, v32i), v32s)
+        wide = builder.fptosi(r, v32i)
+        return builder.trunc(wide, v32s), wide
 
     def one(b):
         v = builder.load(builder.bitcast(builder.gep(xs, [builder.mul(b, llir.Constant(i64, 32))]), v32f.as_pointer()),
@@ -387,14 +394,76 @@ def _lm_quantize_codegen(context, builder, sig, args):
                              builder.fdiv(llir.Constant(f32, 1.0), d), llir.Constant(f32, 0.0))
         splat = builder.shuffle_vector(builder.insert_element(llir.Constant(v32f, None), inv, llir.Constant(i32, 0)),
                                        llir.Constant(v32f, None), llir.Constant(v32i, [0] * 32))
-        q = narrow(builder.call(rint, [builder.fmul(v, splat)]))
+        q, wide = narrow(builder.call(rint, [builder.fmul(v, splat)]))
         builder.store(q, builder.bitcast(builder.gep(codes, [builder.mul(b, llir.Constant(i64, 32))]), v32s.as_pointer()),
                       align=2)
         builder.store(d, builder.gep(scales, [builder.mul(b, stride)]), align=4)
-        s = builder.sitofp(builder.call(total, [builder.sext(q, v32i)]), f32)
+        s = builder.sitofp(builder.call(total, [wide]), f32)
         builder.store(builder.fmul(d, s), builder.gep(sums, [builder.mul(b, stride)]), align=4)
 
-    _lm_vector_loop(builder, blocks, [llir.Constant(i64, 0)], lambda b, values: (one(b), values)[1])
+    def across(vectors, op):
+        # 16 <16 x i32> vectors -> one whose lane k is op over vector k's lanes (exact for an
+        # integer maximum or sum, in any order): pairs of vectors trade halves, 4 levels
+        width = 16
+        while len(vectors) > 1:
+            lo = [i * width + j for i in range(32 // width) for j in range(width // 2)]
+            hi = [i * width + width // 2 + j for i in range(32 // width) for j in range(width // 2)]
+            vectors = [op(builder.shuffle_vector(a, b, llir.Constant(v16i, lo)),
+                          builder.shuffle_vector(a, b, llir.Constant(v16i, hi)))
+                       for a, b in zip(vectors[0::2], vectors[1::2])]
+            width //= 2
+        return vectors[0]
+
+    def group(g):
+        # blocks 16g .. 16g + 15 at once: one()'s operations on the same values, each block's
+        # largest |x| and code sum reduced across the 16 blocks together and its two divisions
+        # as one vector each (one() alone was a chain of reductions and divisions, 8.8 ns a
+        # block). A group with an all-NaN block takes one() block by block.
+        first = builder.mul(g, llir.Constant(i64, GROUP))
+
+        def load(k):
+            at = builder.mul(builder.add(first, llir.Constant(i64, k)), llir.Constant(i64, 32))
+            return builder.load(builder.bitcast(builder.gep(xs, [at]), v32f.as_pointer()), align=4)
+
+        tops, every_nan = [], llir.Constant(llir.IntType(1), 0)
+        for k in range(GROUP):
+            a = builder.call(fabs, [load(k)])
+            nan = builder.fcmp_unordered("uno", a, a)
+            bits = builder.select(nan, llir.Constant(v32i, [0] * 32), builder.bitcast(a, v32i))
+            tops.append(_lm_umax(builder, builder.shuffle_vector(bits, bits, llir.Constant(v16i, list(range(16)))),
+                                 builder.shuffle_vector(bits, bits, llir.Constant(v16i, list(range(16, 32))))))
+            every_nan = builder.or_(every_nan, builder.icmp_unsigned("==", builder.bitcast(nan, i32),
+                                                                     llir.Constant(i32, -1)))
+        with builder.if_else(every_nan) as (alone, together):
+            with alone:
+                _lm_vector_loop(builder, llir.Constant(i64, GROUP), [llir.Constant(i64, 0)],
+                                lambda k, values: (one(builder.add(first, k)), values)[1])
+            with together:
+                top = builder.bitcast(across(tops, lambda a, b: _lm_umax(builder, a, b)), v16f)
+                d = builder.fdiv(top, llir.Constant(v16f, [32767.0] * 16))
+                inv = builder.select(builder.fcmp_unordered("!=", d, llir.Constant(v16f, [0.0] * 16)),
+                                     builder.fdiv(llir.Constant(v16f, [1.0] * 16), d), llir.Constant(v16f, [0.0] * 16))
+                totals = []
+                for k in range(GROUP):
+                    b = builder.add(first, llir.Constant(i64, k))
+                    splat = builder.shuffle_vector(inv, inv, llir.Constant(v32i, [k] * 32))
+                    q, wide = narrow(builder.call(rint, [builder.fmul(load(k), splat)]))
+                    builder.store(q, builder.bitcast(builder.gep(codes, [builder.mul(b, llir.Constant(i64, 32))]),
+                                                     v32s.as_pointer()), align=2)
+                    totals.append(builder.add(builder.shuffle_vector(wide, wide, llir.Constant(v16i, list(range(16)))),
+                                              builder.shuffle_vector(wide, wide, llir.Constant(v16i, list(range(16, 32))))))
+                sums_v = builder.fmul(d, builder.sitofp(across(totals, builder.add), v16f))
+                at = builder.mul(first, stride)
+                for k in range(GROUP):
+                    builder.store(builder.extract_element(d, llir.Constant(i32, k)), builder.gep(scales, [at]), align=4)
+                    builder.store(builder.extract_element(sums_v, llir.Constant(i32, k)), builder.gep(sums, [at]), align=4)
+                    at = builder.add(at, stride)
+
+    groups = builder.sdiv(blocks, llir.Constant(i64, GROUP))
+    _lm_vector_loop(builder, groups, [llir.Constant(i64, 0)], lambda g, values: (group(g), values)[1])
+    done = builder.mul(groups, llir.Constant(i64, GROUP))
+    _lm_vector_loop(builder, builder.sub(blocks, done), [llir.Constant(i64, 0)],
+                    lambda b, values: (one(builder.add(done, b)), values)[1])
     return context.get_dummy_value()
 
 
@@ -719,7 +788,7 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: y = x . w^T, {dtype} w against x quantized to 16-bit codes per block of 32, "
               f"integer dot products (loomc/lower/qdot.py)\n")
-    constants = (f"PREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
+    constants = (f"PREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nGROUP = {QUANTIZE_GROUP}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
                  f"CODES_OFFSET = {DTYPES[dtype].codes_offset}\nQ4 = {(DTYPES[dtype].panel_of or dtype) == 'q4_1'}\n")
     if PANEL_ROWS[dtype]:
         constants += f"PANEL = {PANEL_ROWS[dtype]}\nTOKENS = {panel_tokens()}\n"

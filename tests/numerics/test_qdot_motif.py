@@ -167,6 +167,50 @@ def test_an_all_nan_block_s_scale_carries_its_last_lane_s_nan(rng):
     assert np.isnan(y).all()
 
 
+def quantizing_pass(x: np.ndarray):
+    """The workspace's (codes, scales, sums) after a motif call on x: [T, B, 32], [T, B], [T, B]."""
+    t, k = x.shape
+    b = k // 32
+    workspace = np.zeros(qdot.workspace_elems(t, k), np.float32)
+    blocks, _ = quantized(np.random.default_rng(0), "q8_0", 16, k)
+    qdot.load_function(MOTIF["q8_0x16"])(*qdot.launch_arguments(
+        MOTIF["q8_0x16"], [x, panel_order(blocks, "q8_0x16"), np.zeros((t, 16), np.float32)], workspace))
+    codes = workspace[:t * k // 2].view(np.int16).reshape(t, b, 32)
+    scales = workspace[t * k // 2:t * k // 2 + t * b].reshape(b, t).T
+    sums = workspace[t * k // 2 + t * b:t * k // 2 + 2 * t * b].reshape(b, t).T
+    return codes, scales, sums
+
+
+def test_blocks_quantized_16_at_a_time_get_the_bits_each_gets_alone(rng):
+    # the quantizing pass takes 16 blocks of a row at once (their maxima, divisions and code
+    # sums as vectors across the blocks; loomc/lower/qdot.py) and the rest one by one: 35 blocks
+    # are 2 groups and 3 blocks alone. Each block must get the bits it gets quantized alone, its
+    # specials included; a group holding an all-NaN block takes the one-by-one path
+    x = (rng.standard_normal((3, 35 * 32)) * 3).astype(np.float32)
+    x[0, 2 * 32:3 * 32] = 0.0                                   # scale 0, codes 0
+    x[0, 3 * 32 + 5] = np.nan                                   # a NaN lane: code 0, not the maximum
+    x[0, 4 * 32 + 7] = np.inf                                   # an infinite maximum: scale inf
+    x[0, 5 * 32:6 * 32] = rng.standard_normal(32).astype(np.float32) * np.float32(1e-41)   # subnormal maximum
+    x[0, 6 * 32:7 * 32] = -0.0
+    x[0, 7 * 32 + 1] = np.float32(3.0e38)                       # near f32's largest
+    x[1, 20 * 32 + 9] = -np.inf
+    x[2, 17 * 32:18 * 32] = np.nan                              # all NaN: its group goes block by block
+    x[2, 18 * 32 + 3] = np.nan
+    codes, scales, sums = quantizing_pass(x)
+    for block in range(35):
+        alone = quantizing_pass(np.ascontiguousarray(x[:, block * 32:(block + 1) * 32]))
+        for got, want in zip((codes, scales, sums), alone):
+            np.testing.assert_array_equal(got[:, block].view(np.uint32 if got.dtype == np.float32 else np.uint16),
+                                          want[:, 0].view(np.uint32 if want.dtype == np.float32 else np.uint16))
+    # and the blocks without NaN or infinity are the contract's (numpy's IEEE division and product)
+    clean = [b for b in range(35) if np.isfinite(x[:, b * 32:(b + 1) * 32]).all()]
+    d, s, q = activation_codes(x[:, [i for b in clean for i in range(b * 32, (b + 1) * 32)]])
+    np.testing.assert_array_equal(codes[:, clean], q)
+    np.testing.assert_array_equal(scales[:, clean].view(np.uint32), d.view(np.uint32))
+    np.testing.assert_array_equal(sums[:, clean].view(np.uint32), s.astype(np.float32).view(np.uint32))
+    assert np.isnan(scales[2, 17]) and np.isinf(scales[0, 4]) and scales[0, 2] == 0
+
+
 def test_q8_0_panels_round_a_dot_past_2_to_the_24_once(rng):
     # all-positive weights and activations near their blocks' largest: |P| ~ 32 * 127 * 32767,
     # past f32's exact integers, so f32(P) rounds; the contract rounds it once, to nearest
@@ -245,10 +289,11 @@ def compute_all(data: dict) -> dict:
                     reason="the SIMD classes compared here are x86-64's")
 def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
     classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512, ZEN5] if host_has("avx512bw") else [])
-    # plain rows: 4 rows of x in tiles, 2 alone (T = 1's path); panels: tiles of 4 and 2 (AVX-512: 2 of 1)
-    data = {"x": (rng.standard_normal((6, 96)) * 2).astype(np.float32)}
+    # plain rows: 4 rows of x in tiles, 2 alone (T = 1's path); panels: tiles of 4 and 2 (AVX-512: 2 of 1);
+    # 17 blocks a row: the quantizing pass's group of 16 and one block alone
+    data = {"x": (rng.standard_normal((6, 544)) * 2).astype(np.float32)}
     for dtype in MOTIF:
-        data[dtype], _ = quantized(rng, PLAIN[dtype], 9 if dtype == PLAIN[dtype] else 32, 96)   # repacked by run_motif
+        data[dtype], _ = quantized(rng, PLAIN[dtype], 9 if dtype == PLAIN[dtype] else 32, 544)   # repacked by run_motif
     assert_same_bits_in_classes(classes, "test_qdot_motif:compute_all", data, compute_all(data), tmp_path)
 
 
