@@ -101,9 +101,11 @@ PANEL_ROWS = {dtype: DTYPES[dtype].panel_rows for dtype in MOTIFS.values()}   # 
 assert all(DTYPES[d].panel_unit == 2 and PANEL_ROWS[d] == 16 for d in MOTIFS.values() if PANEL_ROWS[d])
 # Blocks of x (rows x K / 32) from which the quantizing pass runs in a parallel region of its
 # own: below, one thread quantizes faster than a region starts (about 2 us with TBB; a block
-# takes about 8 ns). Measured on Zen 5 at K = 576 and 1536: serial won to 384 blocks, tied at 576.
+# took about 8 ns). Measured on Zen 5 at K = 576 and 1536: serial won to 384 blocks, tied at 576
+# (before blocks were quantized in groups, 5-6 ns a block: not measured again since).
 PARALLEL_QUANTIZE_BLOCKS = 512
-QUANTIZE_GROUP = 16                         # blocks the quantizing pass reduces together (lanes of a vector)
+QUANTIZE_GROUP = 16                         # blocks the quantizing pass reduces together
+assert QUANTIZE_GROUP == 16, "a group's blocks are the 16 lanes of one <16 x i32> vector (`across`)"
 PREFETCH_BYTES = 16384                      # how far ahead of each row's block its cache line is asked for
 
 
