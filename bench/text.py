@@ -15,7 +15,8 @@ in-process figures first, then the servers are started for the HTTP ones):
   streamed completions; the peak RSS of each engine's and each server's process; and each
   server's time from its process's start to serving scout (Loom's with its kernels already
   in the disk cache: a warm restart). Every
-  Loom figure is printed with llama.cpp's, measured in the same run, and their ratio.
+  Loom figure is printed with llama.cpp's, measured in the same run, and their ratio; and each
+  engine's 8 streams against its own batch 1, in process and over HTTP (the goal: Loom's >= 4).
 
 llama.cpp comes from one of two places:
   --llama-bin DIR   the `llama-bench` and `llama-server` binaries of a CMake build of llama.cpp
@@ -416,6 +417,17 @@ def http_servers(threads: int, with_llama: bool, bin_dir: Path | None) -> list[H
     return servers
 
 
+def scaling(results: dict, streams: str, single: str, where: str) -> str:
+    """Each engine's 8-stream aggregate against its own batch 1 (the goal: Loom's >= 4x), medians."""
+    parts = []
+    for engine in ("loom", "llama.cpp"):
+        many, one = results.get((streams, engine)), results.get((single, engine))
+        a, b = (statistics.median(many), statistics.median(one)) if many and one else (float("nan"),) * 2
+        if a == a and b == b and b:   # llama-bench has no 8-stream figure
+            parts.append(f"{engine} {a / b:.2f} ({a:.1f} / {b:.1f})")
+    return f"8 streams against the same engine's batch 1, {where}: " + (", ".join(parts) or "not measured")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -477,6 +489,9 @@ def main() -> None:
         other = statistics.median(others) if others else float("nan")
         ratio = (other / loom if "ms" in m else loom / other) if other == other and other else float("nan")
         print(f"{m:55s} {loom:10.1f} {other:10.1f} {ratio:8.2f}")
+    print(scaling(results, "decode tok/s, 8 streams (aggregate)", "decode tok/s, batch 1", "in process"))
+    print(scaling(results, "HTTP: 8 concurrent streamed chats, aggregate tok/s", "HTTP: decode tok/s, one streamed chat",
+                  "over HTTP"))
     rss, other = engine_rss
     print(f"{'peak RSS of the engine process (MiB)':55s} {rss:10.0f} {other:10.0f} {rss / other:8.2f}")
     rss = [s.rss() for s in servers] + [float("nan")] * (2 - len(servers))
