@@ -35,6 +35,7 @@ import argparse
 import http.client
 import importlib.util
 import json
+import math
 import os
 import resource
 import socket
@@ -421,9 +422,8 @@ def scaling(results: dict, streams: str, single: str, where: str) -> str:
     """Each engine's 8-stream aggregate against its own batch 1 (the goal: Loom's >= 4x), medians."""
     parts = []
     for engine in ("loom", "llama.cpp"):
-        many, one = results.get((streams, engine)), results.get((single, engine))
-        a, b = (statistics.median(many), statistics.median(one)) if many and one else (float("nan"),) * 2
-        if a == a and b == b and b:   # llama-bench has no 8-stream figure
+        a, b = (statistics.median(results.get((m, engine)) or [math.nan]) for m in (streams, single))
+        if math.isfinite(a) and math.isfinite(b) and b:   # llama-bench has no 8-stream figure (nan)
             parts.append(f"{engine} {a / b:.2f} ({a:.1f} / {b:.1f})")
     return f"8 streams against the same engine's batch 1, {where}: " + (", ".join(parts) or "not measured")
 

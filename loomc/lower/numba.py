@@ -544,14 +544,6 @@ def load_group(group: ir.KernelGroup, cache_dir: Path | None = None) -> list:
 _CACHE_MAGIC = b"loom-nb1"
 
 
-def _sealed(payload: bytes) -> bytes:
-    return sealed(payload, _CACHE_MAGIC)
-
-
-def _unsealed(data: bytes) -> bytes | None:
-    return unsealed(data, _CACHE_MAGIC)
-
-
 class _CorruptCacheFile(Exception):
     """A numba cache file whose checksum does not match: treated as a cache miss."""
 
@@ -564,7 +556,7 @@ def _checked_cache_file_class():
 
     class ChecksummedCacheFile(IndexDataCacheFile):
         def _dump(self, obj) -> bytes:
-            return _sealed(super()._dump(obj))
+            return sealed(super()._dump(obj), _CACHE_MAGIC)
 
         def _load_index(self) -> dict:
             try:
@@ -575,7 +567,7 @@ def _checked_cache_file_class():
                 return {}
             except Exception:  # noqa: BLE001 - a truncated version pickle: the index is rewritten on save
                 return {}
-            payload = _unsealed(data) if version == self._version else None
+            payload = unsealed(data, _CACHE_MAGIC) if version == self._version else None
             if payload is None:
                 return {}
             stamp, overloads = pickle.loads(payload)
@@ -583,7 +575,7 @@ def _checked_cache_file_class():
 
         def _load_data(self, name: str):
             with open(self._data_path(name), "rb") as f:
-                payload = _unsealed(f.read())
+                payload = unsealed(f.read(), _CACHE_MAGIC)
             if payload is None:
                 raise _CorruptCacheFile(name)
             return pickle.loads(payload)

@@ -4,9 +4,9 @@ import pickle
 
 import pytest
 
+from loomc.files import sealed, unsealed
 from loomc.syntax import parse as parse_mod
 from loomc.syntax.diagnostics import LoomSyntaxError
-from loomc.files import sealed, unsealed
 from loomc.syntax.parsed import MAGIC, MIN_CHARS, entry_path
 
 # A file long enough to be kept (MIN_CHARS), with a comment the tree carries
