@@ -240,6 +240,29 @@ def test_inputs_that_disagree_with_the_stage_are_rejected(program, weights):
     assert isinstance(StageInputError("x"), ValueError)
 
 
+def test_inputs_like_an_earlier_call_s_are_checked_again_when_they_differ(program, weights):
+    """A binding remembers what the checks concluded for inputs of the same names, dtypes and
+    shapes; any difference in those is checked afresh, after good calls of the same binding."""
+    params, _ = weights
+    state = fresh_state()
+    good = step_inputs([(0, 0, [1, 2, 3])], 2, np.array([[0, 1], [2, 3]], np.int32))
+    first = program.prepare(params, state, good)
+    assert program.prepare(params, state, {k: v.copy() for k, v in good.items()}) is first
+    cases = {
+        "positions": (np.zeros(4, np.int32), r"'positions' must be i32\[T\] = i32\[3\]"),
+        "tokens": (np.zeros(3, np.int64), "'tokens' is i32: expected a int32 array, got int64"),
+        "page_table": (np.zeros(4, np.int32), "expected 2 dimensions, got 1"),
+        "last": ([1, 2], "'last' must be a numpy array, got list"),
+    }
+    for name, (value, message) in cases.items():
+        for _ in range(2):   # a refusal is never remembered
+            with pytest.raises(StageInputError, match=message):
+                program.prepare(params, state, {**good, name: value})
+    longer = step_inputs([(0, 0, [1, 2, 3, 4])], 2, np.array([[0, 1], [2, 3]], np.int32))
+    assert program.prepare(params, state, longer).env["T"] == 4
+    assert program.prepare(params, state, good).env["T"] == 3
+
+
 def test_params_and_state_are_checked_when_bound(program, weights):
     params, _ = weights
     inputs = step_inputs([(0, 0, [1])], 1, np.array([[0]], np.int32))
