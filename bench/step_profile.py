@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", type=float, default=0.8, help="share of the fastest steps summarised")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--places", type=int, default=0,
+                        help="also print the median of each of the step's first N calls by its place (a layer's calls "
+                             "apart: one q/k/v projection from another) and of its last 8")
     args = parser.parse_args()
     engine = LoomText(args.threads)
     engine.decode(8, streams=args.streams)  # loads every kernel of both stages
@@ -85,6 +89,19 @@ def main() -> None:
     for name, (seconds, calls) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
         print(f"{seconds / len(fastest) / per_step:6.1%}  {name.removeprefix('k_'):<24} "
               f"{calls / len(fastest):10.0f} {seconds / calls * 1e6:9.1f}")
+    if args.places:
+        print_places(fastest, args.places)
+
+
+def print_places(steps: list[list[tuple[str, float]]], first: int) -> None:
+    """The median of each call by its place in the step, over the steps with the most common
+    number of calls (the pure decode steps)."""
+    calls = collections.Counter(len(record) for record in steps).most_common(1)[0][0]
+    same = [record for record in steps if len(record) == calls]
+    places = [*range(min(first, calls)), *range(max(first, calls - 8), calls)]
+    print(f"\n{'place':>5}  {'call':<24} {'us':>9}   (median of {len(same)} steps of {calls} calls)")
+    for i in places:
+        print(f"{i:5d}  {same[0][i][0].removeprefix('k_'):<24} {statistics.median(r[i][1] for r in same) * 1e6:9.1f}")
 
 
 if __name__ == "__main__":
