@@ -429,6 +429,32 @@ def scaling(results: dict, streams: str, single: str, where: str) -> str:
     return f"8 streams against the same engine's batch 1, {where}: " + (", ".join(parts) or "not measured")
 
 
+def in_process(args: argparse.Namespace, measures: dict) -> tuple[dict, list[float], bool]:
+    """Every in-process measure, `args.repeats` times, Loom and llama.cpp alternating after a
+    warm-up of each; the engines are closed on return. Returns the results by (measure, engine),
+    each engine's peak RSS (MiB) and whether llama.cpp was measured."""
+    engines = [LoomText(args.threads)]
+    if args.llama_bin is not None:
+        engines.append(LlamaBench(args.llama_bin, args.threads))
+    else:
+        try:
+            engines.append(LlamaCpp(args.threads))
+        except ImportError:
+            print("llama-cpp-python is not installed and no --llama-bin: Loom figures only")
+    for e in engines:  # warm-up: JIT, caches, first-touch of the weights
+        e.prefill(128), e.decode(4, 1)
+    results: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.repeats):
+        for m, f in measures.items():
+            for e in engines:
+                results.setdefault((m, e.name), []).append(f(e))
+    engine_rss = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  engines[1].rss() if len(engines) > 1 else float("nan")]
+    for e in engines:
+        e.close()
+    return results, engine_rss, len(engines) > 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -439,14 +465,6 @@ def main() -> None:
 
     from machine import describe
 
-    engines = [LoomText(args.threads)]
-    if args.llama_bin is not None:
-        engines.append(LlamaBench(args.llama_bin, args.threads))
-    else:
-        try:
-            engines.append(LlamaCpp(args.threads))
-        except ImportError:
-            print("llama-cpp-python is not installed and no --llama-bin: Loom figures only")
     measures = {
         "decode tok/s, batch 1": lambda e: e.decode(args.decode, 1),
         "decode tok/s, 8 streams (aggregate)": lambda e: e.decode(args.decode, 8),
@@ -458,25 +476,14 @@ def main() -> None:
                  for n, k in HTTP_PROMPTS.items()}
     over_http["HTTP: decode tok/s, one streamed chat"] = lambda s: s.decode(args.decode * 2)
     over_http["HTTP: 8 concurrent streamed chats, aggregate tok/s"] = lambda s: s.concurrent(args.decode * 2)
-    for e in engines:  # warm-up: JIT, caches, first-touch of the weights
-        e.prefill(128), e.decode(4, 1)
     # In-process figures first, then the servers start for the HTTP figures: on a 2-core
     # machine nothing else should be alive while an engine is timed in process.
-    results: dict[tuple[str, str], list[float]] = {}
-    for _ in range(args.repeats):
-        for m, f in measures.items():
-            for e in engines:
-                results.setdefault((m, e.name), []).append(f(e))
-    engine_rss = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  engines[1].rss() if len(engines) > 1 else float("nan")]
-    with_llama = len(engines) > 1
-    while engines:
-        engines.pop().close()
-    del e   # the loops' last engine
-    # Dropped, not only closed, so that nothing of them is alive while the servers start and
-    # run: with the closed engine still referenced, scout's warm start measured 2.9-3.5 s here,
-    # 2.3-2.4 s with it collected, 2.0-2.25 s with no engine run before (600 MB of plain
-    # arrays held instead made no difference; docs/performance.md, ninth Zen 5 session)
+    results, engine_rss, with_llama = in_process(args, measures)
+    # The engines, closed, are referenced nowhere now; collected, nothing of them is alive while
+    # the servers start and run: with a closed engine still referenced, scout's warm start
+    # measured 2.9-3.5 s here, 2.3-2.4 s with it collected, 2.0-2.25 s with no engine run before
+    # (600 MB of plain arrays held instead made no difference; docs/performance.md, ninth Zen 5
+    # session)
     gc.collect()
     servers = http_servers(args.threads, with_llama, args.llama_bin)
     prompt_tokens = {s.name: {n: s.prompt_tokens(k) for n, k in HTTP_PROMPTS.items()} for s in servers}  # + warm-up
