@@ -53,7 +53,12 @@ from loomc.lower.scalars import add, mul
 use_tbb()   # before numba's first parallel launch: its threading layer is chosen once
 
 LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the body has no loop
-SERIAL_LIGHT_CHUNKS = 64  # a light parallel loop of at most this many chunks (4096 elements) runs serially
+# A light parallel loop (a body without loops) of at most this many chunks (16384 elements) runs
+# serially. At 4096 (64 chunks) an 8-row step of scout opened a region for SwiGLU (12288
+# elements: 6.9 us serially, 6.5 us on 2 threads when the worker wakes at once and 13.6 us when
+# it does not), the residual add and the gather of the last rows (4608: 8.6 and 15.4 us in
+# parallel, 3.2 and 4.7 serially); the step took 2-3 % less at 16384 (docs/performance.md).
+SERIAL_LIGHT_CHUNKS = 256
 # A heavy parallel loop (a body with loops) whose lanes' loops, counted before it starts, make
 # at most this many iterations in all runs serially. Opening a parallel region from a launch
 # costs about 4 us on the Zen 5 machine: residual_rmsnorm over 576 features took 7.7-14.7 us

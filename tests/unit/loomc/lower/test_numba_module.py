@@ -174,6 +174,31 @@ def test_a_heavy_parallel_loop_of_little_known_work_runs_serially(tmp_path):
         np.testing.assert_array_equal(y, x * 2 + 1)
 
 
+LIGHT = """kernel biased_rows(x: f32[R, D], out y: f32[R, D]) {
+    parallel for r in 0..R, d in 0..D {
+        y[r, d] = x[r, d] * 2.0 + 1.0
+    }
+}
+"""
+
+
+def test_a_light_parallel_loop_of_few_chunks_runs_serially(tmp_path):
+    from loomc.lower.numba import LIGHT_CHUNK, SERIAL_LIGHT_CHUNKS
+
+    g = lowered(tmp_path, LIGHT, "biased_rows")
+    text = render_module(g)
+    # rows times the chunks of LIGHT_CHUNK elements of a row, against the serial bound
+    (rows, chunks) = re.findall(rf"if (_n\d+) \* (_c\d+) <= {SERIAL_LIGHT_CHUNKS}:", text)[0]
+    assert re.search(rf"{chunks} = \(_n\d+ \+ {LIGHT_CHUNK - 1}\) // {LIGHT_CHUNK}", text)
+    (fn,) = load_group(g, tmp_path / "cache")
+    serial_rows = SERIAL_LIGHT_CHUNKS * LIGHT_CHUNK // 576
+    for r in (serial_rows, serial_rows + 1):   # 576 features: the last serial row count and the first parallel one
+        x = np.arange(r * 576, dtype=np.float32).reshape(r, 576) / 7
+        y = np.zeros_like(x)
+        fn(x.reshape(-1), y.reshape(-1), 576, r)   # symbols in name order
+        np.testing.assert_array_equal(y, x * np.float32(2) + np.float32(1))
+
+
 HALVES = """kernel halves(x: f32[N], out h: f16[N], out b: bf16[N], out s: f16[N]) {
     parallel for i in 0..N {
         h[i] = f16(x[i])
