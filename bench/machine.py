@@ -42,12 +42,18 @@ def simd_class() -> str:
 
 
 def describe() -> str:
-    """One line: CPU model, SIMD class and flags, core count, numba's threading layer (launches
-    from several threads cost 10x more on OpenMP: loomc/lower/numba_threads.py) and any numba
+    """One line: CPU model, SIMD class and flags, core count, numba's threading layer (TBB's
+    launches cost 2-10 us against OpenMP's 1-2: loomc/lower/numba_threads.py) and any numba
     CPU override."""
-    from loomc.lower.numba_threads import library_path
+    import numba
 
+    from loomc.lower.numba_threads import use_openmp
+
+    use_openmp()
+    try:
+        layer = numba.threading_layer()
+    except ValueError:   # no parallel launch in this process yet: the one it would pick
+        layer = "the first to load of " + " ".join(numba.config.THREADING_LAYER_PRIORITY)
     override = os.environ.get("NUMBA_CPU_NAME")
-    layer = "tbb" if library_path() is not None else "not tbb (the tbb package is missing)"
     line = f"{cpu_model()}; {simd_class()} ({' '.join(simd_flags())}); {os.cpu_count()} cores; threading layer {layer}"
     return line + (f"; numba targets {override} (NUMBA_CPU_NAME)" if override else "")

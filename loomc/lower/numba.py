@@ -47,10 +47,10 @@ from loomc.lower.lanes import refs
 from loomc.lower.render import TargetRenderer
 from loomc.ir.interpret import to_dtype
 from loomc.lower.numba_helpers import IMPORTS, helpers_for
-from loomc.lower.numba_threads import use_tbb
+from loomc.lower.numba_threads import use_openmp
 from loomc.lower.scalars import add, mul
 
-use_tbb()   # before numba's first parallel launch: its threading layer is chosen once
+use_openmp()   # before numba's first parallel launch: its threading layer is chosen once
 
 LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the body has no loop
 # A light parallel loop (a body without loops) of at most this many chunks (16384 elements) runs

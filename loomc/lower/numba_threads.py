@@ -1,18 +1,15 @@
-"""The cpu target's threading layer: TBB, one worker pool shared by every thread that launches.
+"""The cpu target's threading layer: OpenMP, launched from one thread; TBB where libgomp is missing.
 
-A server launches kernels from several threads (one batching service per modality, the
-registry's build worker). numba's OpenMP layer makes each launching thread the master of a
-team of its own; once libgomp manages more threads than there are cores, it stops spinning
-between parallel regions, and every launch then waits for its workers to be woken. Measured
-on a 2-core VM: a small matmul launch costs about 10 us from the first launching thread and
-120-160 us from any other, so an illustrator image (about 2,000 launches on the service's
-thread) took 0.49 s instead of 0.33 s. TBB shares one pool among all launching threads (and
-is fork safe).
+numba picks its layer once, at the first parallel launch, from THREADING_LAYER_PRIORITY.
+`use_openmp` puts OpenMP first. Its team spins between parallel loops, so a launch costs
+1-2 us where TBB's, which opens a task arena for every loop, costs 2-10 us: on the 2-core Zen 5
+VM a batch-1 decode step of scout took 2.1 ms against 3.0-3.2 ms (docs/performance.md). OpenMP
+gives each launching thread a team of its own, and more teams than cores stop the spinning
+(25-50 us a launch), so every launch runs on one thread (`loomc.run.kernel_thread`).
 
-pip's `tbb` (a dependency) installs libtbb.so.12 into `<prefix>/lib`, where the dynamic
-loader does not look, and numba's TBB pool links to it by soname: `use_tbb` loads it by path
-first, so numba's default layer order (tbb, omp, workqueue) finds it. Without it numba falls
-back to OpenMP, with a warning here.
+TBB stays the fallback for a machine without libgomp. pip's `tbb` (a dependency) installs
+libtbb.so.12 into `<prefix>/lib`, where the dynamic loader does not look, and numba's TBB pool
+links to it by soname: `use_tbb` loads it by path first, so numba can fall back to it.
 """
 
 from __future__ import annotations
@@ -21,9 +18,11 @@ import ctypes
 import functools
 import importlib.metadata
 import logging
+import os
 from pathlib import Path
 
 LOG = logging.getLogger(__name__)
+PRIORITY = "omp tbb workqueue"   # numba's NUMBA_THREADING_LAYER_PRIORITY, unless the environment sets it
 LIBRARY = "libtbb.so.12"   # the soname numba's tbbpool module needs
 
 
@@ -43,16 +42,25 @@ def library_path() -> Path | None:
 
 @functools.cache
 def use_tbb() -> bool:
-    """Make TBB the layer numba picks (before its first parallel launch); False if it cannot."""
+    """Make TBB loadable for numba (before its first parallel launch); False if it cannot be."""
     path = library_path()
     if path is None:
-        LOG.warning("loomc: the `tbb` package is not installed; numba falls back to OpenMP, whose launches "
-                    "from more than one thread are slow (pip install tbb)")
+        LOG.info("loomc: the `tbb` package is not installed; without libgomp numba falls back to its workqueue")
         return False
     try:
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
-        LOG.warning("loomc: could not load %s (%s); numba falls back to OpenMP", path, e)
+        LOG.info("loomc: could not load %s (%s); without libgomp numba falls back to its workqueue", path, e)
         return False
     return True
 
+
+@functools.cache
+def use_openmp() -> None:
+    """Make OpenMP the layer numba picks first, then TBB (before its first parallel launch).
+    NUMBA_THREADING_LAYER or NUMBA_THREADING_LAYER_PRIORITY in the environment still decide."""
+    import numba
+
+    os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", PRIORITY)   # numba reloads its config from the environment
+    numba.config.THREADING_LAYER_PRIORITY = os.environ["NUMBA_THREADING_LAYER_PRIORITY"].split()
+    use_tbb()

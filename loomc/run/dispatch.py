@@ -32,6 +32,7 @@ from loomc.ir import module as ir
 from loomc.lower.motifs import lowering_of
 from loomc.lower.commands import SYMBOL_PREFIX, CommandPlan, Dispatch, TensorRef, TensorSpec, is_static, refs_arguments
 from loomc.run.errors import BindingError, DispatchError, StageInputError
+from loomc.run.kernel_thread import on_kernel_thread
 from loomc.run.launch import HOST_DTYPES, HOST_STORAGE, KernelLauncher, logical_dim, storage_shape
 
 ARENA_ALIGN = 64
@@ -436,7 +437,11 @@ class CommandProgram:
     def run(self, params: Mapping[str, Any], state: Mapping[str, np.ndarray], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One stage call: results are fresh arrays; state is updated in place. One call at
         a time per program (the buffers of a ShapePlan are reused); the program keeps the
-        last params and state it was given alive while it is bound to them."""
+        last params and state it was given alive while it is bound to them. It runs on the
+        kernel thread (`loomc.run.kernel_thread`), whichever thread calls."""
+        return on_kernel_thread(self._run, params, state, inputs)
+
+    def _run(self, params: Mapping[str, Any], state: Mapping[str, np.ndarray], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         shape_plan = self.prepare(params, state, inputs)
         for fn, args in shape_plan.calls:
             fn(*args)

@@ -24,6 +24,7 @@ from loomc.dtypes import DTYPES, numpy_type
 from loomc.ir import interpret
 from loomc.ir import module as ir
 from loomc.run.errors import KernelArgumentError
+from loomc.run.kernel_thread import on_kernel_thread
 
 # The numpy type of a host array holding each dtype (`loomc.dtypes`' `host` storage: f16 as
 # float16, bf16 as uint16 bits, quantized as uint8 GGUF bytes), and every dtype such an array
@@ -193,6 +194,10 @@ class KernelLauncher:
         return tuple(out) + (0,) * len(self.symbols)
 
     def launch(self, args: tuple) -> None:
+        """Run the parts with `bind`'s tuple, on the kernel thread (`loomc.run.kernel_thread`)."""
+        on_kernel_thread(self._launch, args)
+
+    def _launch(self, args: tuple) -> None:
         for f in self.functions:
             f(*args)
 

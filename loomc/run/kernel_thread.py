@@ -1,0 +1,92 @@
+"""The one thread that launches the process's cpu kernels.
+
+numba's threading layers differ in what a parallel loop costs to open, and it is paid about
+140 times a decode step of scout (its projections and attention):
+
+* TBB opens a task arena for every parallel loop. On the 2-core Zen 5 VM an empty loop took
+  2 us back to back, 6.5 us right after a loop the worker thread took part in, and 8-10 us
+  after 20 us or more of serial work. A batch-1 step took 3.0-3.2 ms.
+* OpenMP keeps a team per launching thread whose workers spin between loops: 1.2-2.4 us
+  whatever came before, and a batch-1 step of 2.1 ms (docs/performance.md). But once libgomp
+  manages more threads than the machine has cores (a second launching thread is enough on 2
+  cores), its workers stop spinning, and a launch from either thread took 25-50 us.
+
+So the cpu target runs on OpenMP (`loomc.lower.numba_threads`), and every launch the
+runtime makes, a stage call of a command program or a kernel launcher's, runs on this one
+thread: from it, inline; from any other thread (a service's, a registration's), handed over
+and waited for, about 45 us a hand-off. Calls run one at a time, in the order they arrive.
+A kernel holds the GIL while it runs, so the services were already taking turns.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_calls: queue.SimpleQueue | None = None
+_ident: int | None = None
+
+
+def _serve(calls: queue.SimpleQueue) -> None:
+    while True:
+        fn, args, done = calls.get()
+        if not done.set_running_or_notify_cancel():
+            continue
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - the caller's to handle, on its own thread
+            done.set_exception(exc)
+        else:
+            done.set_result(result)
+        del fn, args, done   # nothing of a finished call stays referenced while the thread waits
+
+
+def _start() -> queue.SimpleQueue:
+    global _calls, _ident
+    with _lock:
+        if _calls is None:
+            calls: queue.SimpleQueue = queue.SimpleQueue()
+            started = threading.Event()
+
+            def main() -> None:
+                global _ident
+                _ident = threading.get_ident()
+                started.set()
+                _serve(calls)
+
+            threading.Thread(target=main, name="loom-kernels", daemon=True).start()
+            started.wait()
+            _calls = calls
+        return _calls
+
+
+def on_kernel_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on the kernel thread: its result, or its exception raised here."""
+    if threading.get_ident() == _ident:
+        return fn(*args)
+    calls = _calls if _calls is not None else _start()
+    done: Future = Future()
+    calls.put((fn, args, done))
+    return done.result()
+
+
+def kernel_thread_ident() -> int | None:
+    """The kernel thread's identity (None before the first hand-off)."""
+    return _ident
+
+
+def _forget_after_fork() -> None:
+    # a forked child has no kernel thread: the first hand-off there starts one
+    global _calls, _ident, _lock
+    _calls, _ident, _lock = None, None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+__all__ = ["kernel_thread_ident", "on_kernel_thread"]
