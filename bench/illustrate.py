@@ -229,7 +229,7 @@ def timed(call, *args) -> tuple[float, list[np.ndarray]]:
 
 def profile(threads: int, size: int, repeats: int, batch: int = 1) -> None:
     """Per-kernel time of the `generate` stage on `batch` images submitted at once (the service
-    batches them; CommandProgram.run's loop with a clock around each launch), the illustrator
+    batches them; CommandProgram._run's loop on the kernel thread with a clock around each launch), the illustrator
     registered in this process."""
     os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
     from loomc.run import dispatch
@@ -240,7 +240,7 @@ def profile(threads: int, size: int, repeats: int, batch: int = 1) -> None:
     registry, reg = ready_sample("illustrator")
     print(f"profile: illustrator registered in process in {time.perf_counter() - start:.0f} s")
     calls: list[list[tuple[str, float]]] = []
-    original = dispatch.CommandProgram.run
+    original = dispatch.CommandProgram._run
 
     def run(self, params, state, inputs):
         plan = self.prepare(params, state, inputs)
@@ -261,7 +261,7 @@ def profile(threads: int, size: int, repeats: int, batch: int = 1) -> None:
 
     try:
         images(0)          # warm-up: loads every kernel
-        dispatch.CommandProgram.run = run
+        dispatch.CommandProgram._run = run   # the loop the kernel thread runs
         whole = []
         for r in range(repeats):
             time.sleep(0.3)
@@ -269,7 +269,7 @@ def profile(threads: int, size: int, repeats: int, batch: int = 1) -> None:
             images(batch * (r + 1))
             whole.append((time.perf_counter() - t) / batch)
     finally:
-        dispatch.CommandProgram.run = original
+        dispatch.CommandProgram._run = original
         registry.close()
     totals: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
     for record in calls:

@@ -6,8 +6,8 @@ Run by hand (not in CI):
     .venv/bin/python bench/step_profile.py --streams 8     # 8 concurrent rows
 
 Registers scout in process as `bench/text.py` does, then times every kernel launch of
-every stage call (`CommandProgram.run`'s loop, reproduced here with a clock around each
-call) while decoding on fresh prompts. Steps that carry a prompt chunk are much longer
+every stage call (`CommandProgram._run`'s loop, which runs on the kernel thread, reproduced
+here with a clock around each call) while decoding on fresh prompts. Steps that carry a prompt chunk are much longer
 than pure decode steps; only the fastest `--keep` share of the steps is summarised, which
 at 32 decoded tokens per prompt leaves the decode steps. Prints each kernel's share of
 the kernel time, its calls per step and its time per call.
@@ -30,10 +30,11 @@ from loomc.run import dispatch  # noqa: E402
 
 
 def timed_run(steps: list[list[tuple[str, float]]]):
-    """A `CommandProgram.run` that records (kernel, seconds) for every launch into `steps`,
+    """A `CommandProgram._run` that records (kernel, seconds) for every launch into `steps`,
     and as ("(host, between steps)", seconds) the time from the previous call's return to
     this call's first launch: the service's own work per step (packing, sampling results,
-    `publish`, events) and the plan's binding (`CommandProgram.prepare`)."""
+    `publish`, events), the hand-off to the kernel thread and back, and the plan's binding
+    (`CommandProgram.prepare`)."""
     last_return = [None]
 
     def run(self, params, state, inputs):
@@ -70,7 +71,7 @@ def main() -> None:
     engine = LoomText(args.threads)
     engine.decode(8, streams=args.streams)  # loads every kernel of both stages
     steps: list[list[tuple[str, float]]] = []
-    dispatch.CommandProgram.run = timed_run(steps)
+    dispatch.CommandProgram._run = timed_run(steps)
     for _ in range(args.repeats):
         engine.decode(args.tokens, streams=args.streams)
     engine.close()
