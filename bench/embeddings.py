@@ -6,8 +6,8 @@ Two workloads: a batch of 32 inputs of 16 tokens each (one request, one cohort) 
 single 16-token input. Loom runs in process through the registry (`EmbeddingPolicy`
 tokenizes and frames, the `EmbeddingService` packs one `encode` call); the reference is
 what sentence-transformers computes for this model, built from `AutoModel` + masked mean
-pooling + L2 normalisation on torch CPU (float32, the same thread count). Both include
-tokenization. The two alternate (Loom, reference, Loom, reference, ...) and the script
+pooling + L2 normalisation on torch CPU (float32, the same thread count), in a child process
+(bench/child.py). Both include tokenization, each timed in its own process. The two alternate (Loom, reference, Loom, reference, ...) and the script
 prints median embeddings/s of each and the ratio Loom / reference, from one run on one
 machine, plus the largest difference between the two engines' vectors as a sanity check.
 """
@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from child import InChild  # noqa: E402  (bench/child.py, beside this script)
 from machine import describe  # noqa: E402  (bench/machine.py, beside this script)
 from sample_registry import ready_sample  # noqa: E402
 
@@ -48,6 +49,13 @@ def sentences(count: int, salt: int, tokenizer) -> list[str]:
     return out
 
 
+def clocked(embed, texts: list[str]) -> tuple[float, np.ndarray]:
+    """(seconds, vectors) of one `embed(texts)`, timed in the engine's own process."""
+    start = time.perf_counter()
+    vectors = embed(texts)
+    return time.perf_counter() - start, vectors
+
+
 class Loom:
     def __init__(self):
         self.registry, self.reg = ready_sample("vectors")
@@ -60,11 +68,16 @@ class Loom:
         future = self.registry.submit(self.reg.name, EmbeddingJob(prepared.inputs))
         return np.asarray(future.result(600))
 
+    def timed_embed(self, texts: list[str]) -> tuple[float, np.ndarray]:
+        return clocked(self.embed, texts)
+
     def close(self) -> None:
         self.registry.close()
 
 
-class Reference:
+class TorchEngine:
+    """The reference itself; lives in the child process of `Reference`."""
+
     def __init__(self, threads: int):
         import torch
         import transformers
@@ -86,12 +99,27 @@ class Reference:
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
 
+    def timed_embed(self, texts: list[str]) -> tuple[float, np.ndarray]:
+        return clocked(self.embed, texts)
+
+
+class Reference:
+    """HF transformers on torch in a child process (bench/child.py: torch's libgomp would be
+    numba's too), timed there."""
+
+    def __init__(self, threads: int):
+        self.child = InChild(TorchEngine, threads)
+
+    def timed_embed(self, texts: list[str]) -> tuple[float, np.ndarray]:
+        return self.child.call("timed_embed", texts)
+
+    def close(self) -> None:
+        self.child.close()
+
 
 def timed(engine, texts: list[str]) -> tuple[float, np.ndarray]:
     time.sleep(0.3)  # the other engine's worker threads spin for a while after its call: let them sleep first
-    start = time.perf_counter()
-    vectors = engine.embed(texts)
-    return time.perf_counter() - start, vectors
+    return engine.timed_embed(texts)
 
 
 def main() -> None:
@@ -120,6 +148,7 @@ def main() -> None:
             rows.append((f"batch {batch} x {TOKENS} tokens", per_s["loom"], per_s["reference"]))
     finally:
         loom.close()
+        reference.close()
     print(f"vectors (all-MiniLM-L6-v2), {args.threads} threads, median of {args.repeats}, embeddings/s")
     print(f"machine: {describe()}")
     print(f"{'workload':<24} {'Loom':>9} {'HF torch':>9} {'ratio':>7}")

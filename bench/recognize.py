@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from child import InChild  # noqa: E402  (bench/child.py, beside this script)
 from machine import describe  # noqa: E402  (bench/machine.py, beside this script)
 from sample_registry import ready_sample  # noqa: E402
 
@@ -55,7 +56,9 @@ class Loom:
         self.registry.close()
 
 
-class Reference:
+class CT2Engine:
+    """The reference itself; lives in the child process of `Reference`."""
+
     def __init__(self, threads: int):
         import ctranslate2
         from tokenizers import Tokenizer
@@ -79,6 +82,20 @@ class Reference:
         results = self.model.generate(self.ctranslate2.StorageView.from_array(batch), [PROMPT] * copies,
                                       beam_size=1, max_length=448)
         return [self.tokenizer.decode(r.sequences_ids[0]) for r in results]
+
+
+class Reference:
+    """CTranslate2 in a child process (bench/child.py: transformers' feature extractor brings
+    torch, whose libgomp would be numba's too; a transcription's text comes back, ~0.1 ms)."""
+
+    def __init__(self, threads: int):
+        self.child = InChild(CT2Engine, threads)
+
+    def transcribe(self, wav: bytes, copies: int) -> list[str]:
+        return self.child.call("transcribe", wav, copies)
+
+    def close(self) -> None:
+        self.child.close()
 
 
 def timed(engine, wav: bytes, copies: int) -> tuple[float, list[str]]:
@@ -119,6 +136,7 @@ def main() -> None:
             rows.append((f"{copies} x {seconds_of_audio:.1f} s", rtf["loom"], rtf["reference"]))
     finally:
         loom.close()
+        reference.close()
     print(f"recognizer (Whisper tiny.en), {args.threads} threads, median of {args.repeats}, "
           "seconds of audio per second (higher is faster)")
     print(f"machine: {describe()}")

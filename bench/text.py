@@ -50,6 +50,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from child import InChild  # noqa: E402  (bench/child.py, beside this script)
 from loomrt.devices import Devices  # noqa: E402
 from loomrt.locator import resolve_locator  # noqa: E402
 from loomrt.registry import Registry  # noqa: E402
@@ -169,61 +170,29 @@ class _LlamaCppEngine:
         pass
 
 
-def _llama_child(conn, threads: int) -> None:
-    try:
-        engine = _LlamaCppEngine(threads)
-    except ImportError as exc:
-        conn.send(exc)
-        return
-    conn.send("ready")
-    while True:
-        request = conn.recv()
-        if request is None:
-            return
-        method, args = request
-        conn.send(getattr(engine, method)(*args))
-
-
 class LlamaCpp:
-    """llama.cpp in a child process. In one process with Loom it shares libgomp (llama.cpp's
-    OpenMP build and numba's `omp` threading layer load the same runtime); once both have run
-    parallel regions libgomp counts more managed threads than cores and stops spinning
-    between regions, so each of Loom's ~485 regions per decode step sleeps and wakes its
-    workers: measured 68 -> 21 tok/s for Loom at batch 1 after llama.cpp had run once."""
+    """llama.cpp in a child process (bench/child.py: its OpenMP build and numba's `omp` layer
+    would share libgomp, measured 68 -> 21 tok/s for Loom at batch 1 after llama.cpp had run once)."""
 
     name = "llama.cpp"
 
     def __init__(self, threads: int):
-        import multiprocessing
-
-        context = multiprocessing.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_llama_child, args=(child, threads), daemon=True)
-        self.process.start()
-        answer = self.conn.recv()
-        if isinstance(answer, ImportError):
-            self.process.join()
-            raise answer
-
-    def _call(self, method: str, *args):
-        self.conn.send((method, args))
-        return self.conn.recv()
+        self.child = InChild(_LlamaCppEngine, threads)
 
     def decode(self, tokens: int, streams: int = 1) -> float:
-        return self._call("decode", tokens, streams)
+        return self.child.call("decode", tokens, streams)
 
     def prefill(self, n: int) -> float:
-        return self._call("prefill", n)
+        return self.child.call("prefill", n)
 
     def ttft(self) -> float:
-        return self._call("ttft")
+        return self.child.call("ttft")
 
     def rss(self) -> float:
-        return self._call("rss")
+        return self.child.call("rss")
 
     def close(self) -> None:
-        self.conn.send(None)
-        self.process.join(30)
+        self.child.close()
 
 
 class LlamaBench:

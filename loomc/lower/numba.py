@@ -58,6 +58,8 @@ LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the bo
 # elements: 6.9 us serially, 6.5 us on 2 threads when the worker wakes at once and 13.6 us when
 # it does not), the residual add and the gather of the last rows (4608: 8.6 and 15.4 us in
 # parallel, 3.2 and 4.7 serially); the step took 2-3 % less at 16384 (docs/performance.md).
+# That was on TBB, whose launches cost more; on OpenMP SwiGLU takes 6.9 us in parallel, 7.1
+# serially, the residual add 4.6 and 2.6.
 SERIAL_LIGHT_CHUNKS = 256
 # A heavy parallel loop (a body with loops) whose lanes' loops, counted before it starts, make
 # at most this many iterations in all runs serially. Opening a parallel region from a launch

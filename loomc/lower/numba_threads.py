@@ -57,10 +57,30 @@ def use_tbb() -> bool:
 
 @functools.cache
 def use_openmp() -> None:
-    """Make OpenMP the layer numba picks first, then TBB (before its first parallel launch).
-    NUMBA_THREADING_LAYER or NUMBA_THREADING_LAYER_PRIORITY in the environment still decide."""
+    """Make OpenMP the layer numba picks first, then TBB, and load it on the kernel thread
+    (`loomc.run.kernel_thread`), before any parallel kernel is compiled or launched.
+    NUMBA_THREADING_LAYER or NUMBA_THREADING_LAYER_PRIORITY in the environment still decide.
+
+    When the team takes every CPU the process may run on, its threads are bound one to a CPU
+    (OMP_PROC_BIND, unless the environment sets it). Unbound, a worker woken after an idle
+    spell was often put on its master's CPU, and the two then took turns by the scheduler's
+    tick while the master spun at the barrier: an empty parallel loop took 4-8 ms instead of
+    50-120 us on the 2-core VM. libgomp binds the thread that loads it, hence the kernel thread.
+    With fewer threads than CPUs (replicas sharing a machine) nothing is bound, since every
+    process would bind its team to the same first CPUs."""
     import numba
 
     os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", PRIORITY)   # numba reloads its config from the environment
     numba.config.THREADING_LAYER_PRIORITY = os.environ["NUMBA_THREADING_LAYER_PRIORITY"].split()
+    threads = numba.config.NUMBA_NUM_THREADS
+    # numba's default count is the calling thread's CPUs, and it reloads its config in whichever
+    # thread compiles: on the bound kernel thread that would be 1, a change it refuses
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(threads))
+    if threads > 1 and threads == len(os.sched_getaffinity(0)):
+        os.environ.setdefault("OMP_PROC_BIND", "true")   # read once, when libgomp loads
     use_tbb()
+    from numba.np.ufunc.parallel import _launch_threads
+
+    from loomc.run.kernel_thread import on_kernel_thread
+
+    on_kernel_thread(_launch_threads)

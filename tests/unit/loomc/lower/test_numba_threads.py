@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -69,3 +70,22 @@ def test_the_kernel_thread_runs_calls_in_turn_and_hands_back_results_and_errors(
     # a call made on the kernel thread runs inline instead of waiting for itself
     assert on_kernel_thread(lambda: on_kernel_thread(where, "nested")) == "nested"
     assert on_kernel_thread(where, "after") == "after"   # the thread still serves
+
+
+def test_a_team_that_takes_every_cpu_is_bound_one_thread_to_a_cpu():
+    # unbound, a worker woken after an idle spell could land on its master's CPU (4-8 ms a launch);
+    # a team smaller than the CPUs stays unbound, or processes sharing a machine would pile up
+    cpus = len(os.sched_getaffinity(0))
+    script = ("import os, loomc.lower.numba\n"
+              "from loomc.run.kernel_thread import on_kernel_thread\n"
+              "print(os.environ.get('OMP_PROC_BIND'), len(on_kernel_thread(lambda: os.sched_getaffinity(0))))\n")
+    for threads in sorted({1, cpus}):
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_PROC_BIND", "NUMBA_THREADING_LAYER")}
+        env["NUMBA_NUM_THREADS"] = str(threads)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr
+        bind, kernel_cpus = done.stdout.split()
+        if threads > 1:
+            assert (bind, kernel_cpus) == ("true", "1")
+        else:
+            assert (bind, kernel_cpus) == ("None", str(cpus))
