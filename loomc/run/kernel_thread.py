@@ -14,8 +14,8 @@ numba's threading layers differ in what a parallel loop costs to open, and it is
 So the cpu target runs on OpenMP (`loomc.lower.numba_threads`), and every launch the
 runtime makes, a stage call of a command program or a kernel launcher's, runs on this one
 thread: from it, inline; from any other thread (a service's, a registration's), handed over
-and waited for, about 45 us a hand-off. Calls run one at a time, in the order they arrive.
-A kernel holds the GIL while it runs, so the services were already taking turns.
+and waited for, 15-55 us a hand-off there and back. Calls run one at a time, in the order they
+arrive. A kernel holds the GIL while it runs, so the services were already taking turns.
 """
 
 from __future__ import annotations
