@@ -7,9 +7,10 @@ single 16-token input. Loom runs in process through the registry (`EmbeddingPoli
 tokenizes and frames, the `EmbeddingService` packs one `encode` call); the reference is
 what sentence-transformers computes for this model, built from `AutoModel` + masked mean
 pooling + L2 normalisation on torch CPU (float32, the same thread count), in a child process
-(bench/child.py). Both include tokenization, each timed in its own process. The two alternate (Loom, reference, Loom, reference, ...) and the script
-prints median embeddings/s of each and the ratio Loom / reference, from one run on one
-machine, plus the largest difference between the two engines' vectors as a sanity check.
+(bench/child.py). Both include tokenization, each timed in its own process. The two
+alternate (Loom, reference, Loom, reference, ...) and the script prints median embeddings/s
+of each and the ratio Loom / reference, from one run on one machine, plus the largest
+difference between the two engines' vectors as a sanity check.
 """
 
 from __future__ import annotations

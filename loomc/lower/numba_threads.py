@@ -45,7 +45,8 @@ def use_tbb() -> bool:
     """Make TBB loadable for numba (before its first parallel launch); False if it cannot be."""
     path = library_path()
     if path is None:
-        LOG.info("loomc: the `tbb` package is not installed; without libgomp numba falls back to its workqueue")
+        LOG.info("loomc: the `tbb` package is not installed; "
+                 "without libgomp numba falls back to its workqueue")
         return False
     try:
         ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
@@ -70,7 +71,8 @@ def use_openmp() -> None:
     process would bind its team to the same first CPUs."""
     import numba
 
-    os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", PRIORITY)   # numba reloads its config from the environment
+    # numba reloads its config from the environment, so the order goes there too
+    os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", PRIORITY)
     numba.config.THREADING_LAYER_PRIORITY = os.environ["NUMBA_THREADING_LAYER_PRIORITY"].split()
     threads = numba.config.NUMBA_NUM_THREADS
     # numba's default count is the calling thread's CPUs, and it reloads its config in whichever
