@@ -207,18 +207,21 @@ def _lm_few_codegen(kind):
                     vstore(a, slot)
 
             blocks = builder.sdiv(depth, c64(16))
-            quads = builder.sdiv(blocks, c64(4))
+            # feature chunks carried together: 4 x n_lanes accumulators of 16 lanes fit AVX-512's
+            # 32 zmm; each is two of AVX2's 16 ymm, so there at most 6 (4 x 3 spilled them)
+            group = 4 if _lm_target_has("avx512f") else max(1, min(4, 6 // n_lanes))
+            groups = builder.sdiv(blocks, c64(group))
 
-            def quad(c, unused):
-                chunks(builder.mul(c, c64(4)), 4)
+            def grouped(c, unused):
+                chunks(builder.mul(c, c64(group)), group)
                 return unused
 
             def single(c, unused):
-                chunks(builder.add(builder.mul(quads, c64(4)), c), 1)
+                chunks(builder.add(builder.mul(groups, c64(group)), c), 1)
                 return unused
 
-            _lm_vector_loop(builder, quads, [c64(0)], quad)
-            _lm_vector_loop(builder, builder.sub(blocks, builder.mul(quads, c64(4))), [c64(0)], single)
+            _lm_vector_loop(builder, groups, [c64(0)], grouped)
+            _lm_vector_loop(builder, builder.sub(blocks, builder.mul(groups, c64(group))), [c64(0)], single)
         return context.get_dummy_value()
 
     return codegen

@@ -60,7 +60,7 @@ faster per core. AMD Zen 5 shuffles 512-bit vectors on more than one pipe, and t
 512-bit form was 5-20 % faster at T = 1 (docs/performance.md).
 
 How panels run: the same quantizing pass, then a task per panel of 16 rows of w runs all T
-rows of x against it in tiles of `panel_tokens()` rows (8 with AVX-512), then 4, 2, 1.
+rows of x against it in tiles of `panel_tokens()` rows (8 with AVX2 or AVX-512), then 4, 2, 1.
 A panel's block is one span (q4_1: 320 bytes, five cache lines): its 16 scales, (q4_1) its 16
 minimums, then its codes 2 bytes per row at a time, so one 32-byte load widened to 16-bit
 codes holds elements 2c and 2c + 1 of every row, lane by lane. Each such vector meets a
@@ -78,6 +78,14 @@ the hint made the q8_0 LM head 3-4x faster on cold weights. A panel asks for eac
 span once, as non-temporal (prefetchnta): fetched as temporal, scout's 66 MB of 4-row panels
 pushed out of the last-level cache what the step reads again (the KV pages), and the
 non-temporal hint took a served step from 3.98-4.36 to 3.60-3.75 ms there.
+
+Panels without AVX-512 (AVX2's 16 ymm registers): a tile of more than one row of x runs on
+8-lane vectors, the panel's rows as two halves of 8 (`_lm_panel_halves`), its float
+accumulators in y, and each integer sum passed through an empty asm statement so that LLVM
+keeps the adds in order instead of computing a unit's products for every row of x first and
+spilling them. AVX2 code on the Zen 5 machine, same bits: scout's projections at T = 8 1.3x,
+the q8_0 LM head 1.8x faster (docs/performance.md, eleventh session). T = 1 keeps the
+16-lane tile, which did not spill.
 """
 from __future__ import annotations
 
@@ -105,6 +113,10 @@ assert all(DTYPES[d].panel_unit == 2 and PANEL_ROWS[d] == 16 for d in MOTIFS.val
 # (before blocks were quantized in groups, 5-6 ns a block: not measured again since).
 PARALLEL_QUANTIZE_BLOCKS = 512
 QUANTIZE_GROUP = 16                         # blocks the quantizing pass reduces together
+# Without AVX-512 a tile of at most this many (rows of x x halves of a panel) runs both halves
+# in one pass, sharing each activation pair's broadcast; a larger one runs a pass per half
+# (8 rows of x: integer accumulators for both halves would not fit 16 ymm)
+HALVES_TOGETHER = 8
 assert QUANTIZE_GROUP == 16, "a group's blocks are the 16 lanes of one <16 x i32> vector (`across`)"
 PREFETCH_BYTES = 16384                      # how far ahead of each row's block its cache line is asked for
 
@@ -119,12 +131,13 @@ def tile_shape() -> tuple[int, int]:
 
 
 def panel_tokens() -> int:
-    """Rows of x per tile of a panel: one <16 x i32> integer and one <16 x f32>
-    accumulator each must stay in registers (AVX-512: 8 pairs of 32 zmm; else 4, spilling
-    the float ones once per block)."""
-    from loomc.lower.matmul import _target_has_avx512
+    """Rows of x per tile of a panel. AVX-512: one <16 x i32> integer and one <16 x f32>
+    accumulator each stay in registers (8 pairs of 32 zmm). AVX2: a tile runs each half of
+    the panel's rows in its own pass (`_lm_panel_halves`) with one <8 x i32> accumulator per
+    row of x in registers (8 of 16 ymm) and the float ones in y. Narrower targets: 4."""
+    from loomc.lower.matmul import target_has
 
-    return 8 if _target_has_avx512() else 4
+    return 8 if target_has("avx2") else 4
 
 
 def workspace_elems(rows: int, depth: int) -> int:
@@ -674,6 +687,8 @@ def _lm_dot_pairs(builder, acc, w, x):
 
 def _lm_panel_codegen(tokens):
     def codegen(context, builder, sig, args):
+        if not _lm_target_has("avx512f") and tokens > 1:
+            return _lm_panel_halves(context, builder, sig, args, tokens)
         # (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width):
         # y[y_off + u * width + r], r < PANEL, for the panel from byte w_off against the
         # `tokens` quantized rows of x from q_off (depth codes apart) and d_off / s_off (block
@@ -760,6 +775,115 @@ def _lm_panel_codegen(tokens):
     return codegen
 
 
+def _lm_panel_halves(context, builder, sig, args, tokens):
+    # _lm_panel_codegen's tile at tokens > 1 without AVX-512, on 8-lane vectors (AVX2's ymm;
+    # narrower targets split them): the panel's rows as two halves of 8, so that a tile's
+    # integer accumulators fit 16 registers; the float ones are y's own elements, loaded and
+    # stored once a block. With a <16 x i32> and a <16 x f32> per row of x in registers, a
+    # tile of 4 spilled (206 of a block's 560 instructions were stack loads and stores). The
+    # same operations on the same values per lane, so the same bits
+    from llvmlite import ir as llir
+
+    f32, i8, i16, i32, i64 = (llir.FloatType(), llir.IntType(8), llir.IntType(16), llir.IntType(32),
+                              llir.IntType(64))
+    v8f, v8i, v16b, v16s = (llir.VectorType(f32, 8), llir.VectorType(i32, 8), llir.VectorType(i8, 16),
+                            llir.VectorType(i16, 16))
+    (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off,
+     width) = _lm_arguments(context, builder, sig, args)
+    panel = _lm_pointer(context, builder, sig.args[0], w, w_off, i8)
+    all_codes = _lm_pointer(context, builder, sig.args[2], ws, llir.Constant(i64, 0), i16)
+    codes = [builder.gep(all_codes, [builder.add(q_off, builder.mul(depth, llir.Constant(i64, u)))])
+             for u in range(tokens)]
+    scales = _lm_pointer(context, builder, sig.args[2], ws, d_off, f32)
+    sums = _lm_pointer(context, builder, sig.args[2], ws, s_off, f32)
+    out = _lm_pointer(context, builder, sig.args[9], y, y_off, f32)
+    fma8 = _lm_ir_function(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
+    zero_i = llir.Constant(v8i, [0] * 8)
+    chains = max(1, 4 // tokens)
+    half_rows = PANEL // 2
+
+    def splat(value, vector):
+        one = builder.insert_element(llir.Constant(vector, None), value, llir.Constant(i32, 0))
+        return builder.shuffle_vector(one, llir.Constant(vector, None), llir.Constant(v8i, [0] * 8))
+
+    def fields(at):   # the half_rows f16 at byte pointer `at` as <8 x f32>, exactly
+        if _lm_target_has("f16c"):
+            v8h = llir.VectorType(llir.HalfType(), half_rows)
+            return builder.fpext(builder.load(builder.bitcast(at, v8h.as_pointer()), align=1), v8f)
+        vector = llir.Constant(v8f, None)
+        for r in range(half_rows):
+            value = _lm_half(builder, builder.gep(at, [llir.Constant(i64, 2 * r)]))
+            vector = builder.insert_element(vector, value, llir.Constant(i32, r))
+        return vector
+
+    def kept(value):
+        # value through an empty asm statement: LLVM may not reassociate the integer sums
+        # across it. Reassociated, it computed a unit's products for every row of x first and
+        # spilled them (130 stack loads and stores in a 576-instruction block)
+        if not _lm_target_has("avx2"):   # no 256-bit register to hold it
+            return value
+        return builder.asm(llir.FunctionType(v8i, [v8i]), "", "=x,0", [value], False)
+
+    def halves_block(halves, slots):
+        # one block of the rows' halves `halves` against the tile's rows of x: each activation
+        # pair's broadcast serves every half
+        def block(b, unused):
+            span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
+            if halves[0] == 0:
+                for line in range(0, PANEL * BLOCK_BYTES, 64):
+                    _lm_prefetch(builder, span, PREFETCH_BYTES + line, 0)   # streamed: non-temporal
+            at_b = builder.mul(b, llir.Constant(i64, BLOCK))
+            sums_i = {(h, u): [zero_i] * chains for h in halves for u in range(tokens)}
+            for c in range(BLOCK // 4 if Q4 else BLOCK // 2):   # the units of 2 code bytes per row
+                parts = {}
+                for h in halves:
+                    at = PANEL * (CODES_OFFSET + 2 * c) + 2 * half_rows * h
+                    raw = builder.load(builder.bitcast(builder.gep(span, [llir.Constant(i64, at)]), v16b.as_pointer()),
+                                       align=1)
+                    if Q4:
+                        wide = builder.zext(raw, v16s)
+                        parts[h] = [(builder.and_(wide, llir.Constant(v16s, [15] * 16)), 2 * c),
+                                    (builder.lshr(wide, llir.Constant(v16s, [4] * 16)), 2 * c + BLOCK // 2)]
+                    else:
+                        parts[h] = [(builder.sext(raw, v16s), 2 * c)]
+                for p in range(len(parts[halves[0]])):
+                    chain = (len(parts[halves[0]]) * c + p) % chains
+                    element = parts[halves[0]][p][1]
+                    for u in range(tokens):
+                        pair = builder.load(builder.bitcast(builder.gep(codes[u], [builder.add(at_b, llir.Constant(i64, element))]),
+                                                            i32.as_pointer()), align=2)
+                        xq = builder.bitcast(splat(pair, v8i), v16s)
+                        for h in halves:
+                            chains_hu = sums_i[h, u]
+                            chains_hu[chain] = kept(builder.add(chains_hu[chain], _lm_dot8(builder, parts[h][p][0], xq)))
+            at_s = builder.mul(b, stride)
+            for h in halves:
+                dw = fields(builder.gep(span, [llir.Constant(i64, 2 * half_rows * h)]))
+                mw = fields(builder.gep(span, [llir.Constant(i64, 2 * PANEL + 2 * half_rows * h)])) if Q4 else None
+                for u in range(tokens):
+                    total = sums_i[h, u][0]
+                    for more in sums_i[h, u][1:]:
+                        total = builder.add(total, more)
+                    dx = builder.load(builder.gep(scales, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
+                    acc = builder.call(fma8, [builder.sitofp(total, v8f), builder.fmul(dw, splat(dx, v8f)),
+                                              builder.load(slots[h, u], align=4)])
+                    if Q4:
+                        sx = builder.load(builder.gep(sums, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
+                        acc = builder.call(fma8, [mw, splat(sx, v8f), acc])
+                    builder.store(acc, slots[h, u], align=4)
+            return unused
+        return block
+
+    slots = {(h, u): builder.bitcast(builder.gep(out, [builder.add(builder.mul(width, llir.Constant(i64, u)),
+                                                                   llir.Constant(i64, half_rows * h))]), v8f.as_pointer())
+             for h in range(2) for u in range(tokens)}
+    for slot in slots.values():
+        builder.store(llir.Constant(v8f, [0.0] * 8), slot, align=4)
+    for halves in ([[0, 1]] if tokens * 2 <= HALVES_TOGETHER else [[0], [1]]):
+        _lm_vector_loop(builder, blocks, [llir.Constant(i64, 0)], halves_block(halves, slots))
+    return context.get_dummy_value()
+
+
 def _lm_panel_typer(tokens):
     def typer(typingctx, w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width):
         return (types.none(w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width),
@@ -790,7 +914,7 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: y = x . w^T, {dtype} w against x quantized to 16-bit codes per block of 32, "
               f"integer dot products (loomc/lower/qdot.py)\n")
-    constants = (f"PREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nGROUP = {QUANTIZE_GROUP}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
+    constants = (f"HALVES_TOGETHER = {HALVES_TOGETHER}\nPREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nGROUP = {QUANTIZE_GROUP}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
                  f"CODES_OFFSET = {DTYPES[dtype].codes_offset}\nQ4 = {(DTYPES[dtype].panel_of or dtype) == 'q4_1'}\n")
     if PANEL_ROWS[dtype]:
         constants += f"PANEL = {PANEL_ROWS[dtype]}\nTOKENS = {panel_tokens()}\n"

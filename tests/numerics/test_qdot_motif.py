@@ -289,9 +289,10 @@ def compute_all(data: dict) -> dict:
                     reason="the SIMD classes compared here are x86-64's")
 def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
     classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512, ZEN5] if host_has("avx512bw") else [])
-    # plain rows: 4 rows of x in tiles, 2 alone (T = 1's path); panels: tiles of 4 and 2 (AVX-512: 2 of 1);
-    # 17 blocks a row: the quantizing pass's group of 16 and one block alone
-    data = {"x": (rng.standard_normal((6, 544)) * 2).astype(np.float32)}
+    # plain rows: 4 rows of x in tiles, 3 alone (T = 1's path); panels: tiles of 8, 4, 2 and 1 (AVX2: each
+    # half of the rows in its own pass at 8, both in one pass at 4 and 2); 17 blocks a row: the
+    # quantizing pass's group of 16 and one block alone
+    data = {"x": (rng.standard_normal((15, 544)) * 2).astype(np.float32)}
     for dtype in MOTIF:
         data[dtype], _ = quantized(rng, PLAIN[dtype], 9 if dtype == PLAIN[dtype] else 32, 544)   # repacked by run_motif
     assert_same_bits_in_classes(classes, "test_qdot_motif:compute_all", data, compute_all(data), tmp_path)
