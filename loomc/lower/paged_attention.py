@@ -44,6 +44,10 @@ lanes of 16. Same bits; a hot decode call of 1 row got 10-25 % faster, one of 8 
 0 and 25 % depending on the caches' size (docs/performance.md, fifth Zen 5 session). Such a
 task reads its queries where they are (no packing), and its chains are compiled for its exact
 lane count (1 to FEW), so scout's 3 heads per kv head spend no chain on a fourth lane.
+Without AVX-512 (16 ymm registers, where 16 rows of 16 keys and 12 vectors of value chains
+spilled) such a task scores keys 0..7 and 8..15 of a block in turn, as 8 x 8 blocks, and
+carries at most 6 vectors of value chains: the same chains, so the same bits (served at 8
+rows on AVX2 code, a call 59.6-60.5 -> 48.9-57.1 us; docs/performance.md, eleventh session).
 
 A decode step reads each layer's keys and values once, long after the step before evicted
 them, so a task asks for the cache lines it will read ahead of use (`_lm_prefetch_rows`): a
@@ -147,6 +151,51 @@ def _lm_few_codegen(kind):
             live = [builder.icmp_signed("<", c64(j), kb) for j in range(16)]
             rows = [builder.gep(kf, [builder.add(base, builder.mul(builder.select(live[j], c64(j), c64(0)), ld))])
                     for j in range(16)]
+
+            if not _lm_target_has("avx512f"):
+                # 16 ymm: the 16 rows of a 16 x 16 block spilled. The same chains, for keys 0..7
+                # and then 8..15, each 8 x 8 block of keys and features transposed in registers
+                half, ihalf = llir.VectorType(f32, 8), llir.VectorType(i32, 8)
+                fma8 = cgutils.get_or_insert_function(builder.module, llir.FunctionType(half, [half] * 3),
+                                                      "llvm.fma.v8f32")
+                zero8 = llir.Constant(half, [0.0] * 8)
+
+                def splat8(ptr):
+                    x = builder.load(ptr, align=4)
+                    return builder.shuffle_vector(builder.insert_element(llir.Constant(half, None), x, llir.Constant(i32, 0)),
+                                                  llir.Constant(half, None), llir.Constant(ihalf, [0] * 8))
+
+                def key_half(kh):
+                    def chunk8(c, accs):   # accs[i]: lane i's scores of keys 8 kh .. 8 kh + 7
+                        new = list(accs)
+                        for fh in range(2):
+                            at = builder.add(builder.mul(c, c64(16)), c64(8 * fh))
+                            v = [builder.select(live[8 * kh + j],
+                                                builder.load(builder.bitcast(builder.gep(rows[8 * kh + j], [at]),
+                                                                             half.as_pointer()), align=4), zero8)
+                                 for j in range(8)]
+                            for h in (4, 2, 1):   # v[e] = feature at + e of the 8 keys
+                                nxt = list(v)
+                                for r in range(8):
+                                    if (r // h) % 2 == 0:
+                                        lo = [l if (l // h) % 2 == 0 else 8 + l - h for l in range(8)]
+                                        hi = [l + h if (l // h) % 2 == 0 else 8 + l for l in range(8)]
+                                        nxt[r] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ihalf, lo))
+                                        nxt[r + h] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ihalf, hi))
+                                v = nxt
+                            for e in range(8):
+                                q_at = builder.mul(builder.add(at, c64(e)), qld)
+                                new = [builder.call(fma8, [splat8(builder.gep(qf, [builder.add(qoff[i], q_at)])), v[e],
+                                                           new[i]]) for i in range(n_lanes)]
+                        return new
+                    return chunk8
+
+                for kh in range(2):
+                    accs = _lm_vector_loop(builder, builder.sdiv(depth, c64(16)), [zero8] * n_lanes, key_half(kh))
+                    for i in range(n_lanes):
+                        at = builder.add(builder.add(sc_off, builder.mul(sc_ld, c64(i))), c64(8 * kh))
+                        builder.store(accs[i], builder.bitcast(builder.gep(sc, [at]), half.as_pointer()), align=4)
+                return context.get_dummy_value()
 
             def chunk(c, accs):
                 off = builder.mul(c, c64(16))
