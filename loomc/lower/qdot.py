@@ -79,13 +79,13 @@ span once, as non-temporal (prefetchnta): fetched as temporal, scout's 66 MB of 
 pushed out of the last-level cache what the step reads again (the KV pages), and the
 non-temporal hint took a served step from 3.98-4.36 to 3.60-3.75 ms there.
 
-Panels without AVX-512 (AVX2's 16 ymm registers): a tile of more than one row of x runs on
-8-lane vectors, the panel's rows as two halves of 8 (`_lm_panel_halves`), its float
-accumulators in y, and each integer sum passed through an empty asm statement so that LLVM
-keeps the adds in order instead of computing a unit's products for every row of x first and
-spilling them. AVX2 code on the Zen 5 machine, same bits: scout's projections at T = 8 1.3x,
-the q8_0 LM head 1.8x faster (docs/performance.md, eleventh session). T = 1 keeps the
-16-lane tile, which did not spill.
+Panels without AVX-512 (AVX2's 16 ymm registers) run on 8-lane vectors, the panel's rows as
+two halves of 8 (`_lm_panel_halves`), the float accumulators of a tile of several rows of x
+in y, and each integer sum passed through an empty asm statement so that LLVM keeps the adds
+in order instead of computing a unit's products for every row of x first and spilling them.
+AVX2 code on the Zen 5 machine, same bits: scout's projections 1.3x faster at T = 8 and
+1.05-1.1x at T = 1 (streamed), the q8_0 LM head 1.8x at T = 8 (docs/performance.md, eleventh
+session).
 """
 from __future__ import annotations
 
@@ -687,7 +687,7 @@ def _lm_dot_pairs(builder, acc, w, x):
 
 def _lm_panel_codegen(tokens):
     def codegen(context, builder, sig, args):
-        if not _lm_target_has("avx512f") and tokens > 1:
+        if not _lm_target_has("avx512f"):
             return _lm_panel_halves(context, builder, sig, args, tokens)
         # (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width):
         # y[y_off + u * width + r], r < PANEL, for the panel from byte w_off against the
@@ -776,12 +776,12 @@ def _lm_panel_codegen(tokens):
 
 
 def _lm_panel_halves(context, builder, sig, args, tokens):
-    # _lm_panel_codegen's tile at tokens > 1 without AVX-512, on 8-lane vectors (AVX2's ymm;
-    # narrower targets split them): the panel's rows as two halves of 8, so that a tile's
-    # integer accumulators fit 16 registers; the float ones are y's own elements, loaded and
-    # stored once a block. With a <16 x i32> and a <16 x f32> per row of x in registers, a
-    # tile of 4 spilled (206 of a block's 560 instructions were stack loads and stores). The
-    # same operations on the same values per lane, so the same bits
+    # _lm_panel_codegen's tile without AVX-512, on 8-lane vectors (AVX2's ymm; narrower
+    # targets split them): the panel's rows as two halves of 8, so that a tile's integer
+    # accumulators fit 16 registers; the float ones are y's own elements, loaded and stored
+    # once a block (in registers for one row of x). With a <16 x i32> and a <16 x f32> per row
+    # of x in registers, a tile of 4 spilled (206 of a block's 560 instructions were stack
+    # loads and stores). The same operations on the same values per lane, so the same bits
     from llvmlite import ir as llir
 
     f32, i8, i16, i32, i64 = (llir.FloatType(), llir.IntType(8), llir.IntType(16), llir.IntType(32),
@@ -817,17 +817,18 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
         return vector
 
     def kept(value):
-        # value through an empty asm statement: LLVM may not reassociate the integer sums
-        # across it. Reassociated, it computed a unit's products for every row of x first and
-        # spilled them (130 stack loads and stores in a 576-instruction block)
+        # value through an empty asm statement, which LLVM may not see through: the integer
+        # sums are not reassociated across it (reassociated, a unit's products for every row of
+        # x were computed first and spilled: 130 stack loads and stores in a 576-instruction
+        # block)
         if not _lm_target_has("avx2"):   # no 256-bit register to hold it
             return value
-        return builder.asm(llir.FunctionType(v8i, [v8i]), "", "=x,0", [value], False)
+        return builder.asm(llir.FunctionType(value.type, [value.type]), "", "=x,0", [value], False)
 
     def halves_block(halves, slots):
         # one block of the rows' halves `halves` against the tile's rows of x: each activation
         # pair's broadcast serves every half
-        def block(b, unused):
+        def block(b, carried):
             span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
             if halves[0] == 0:
                 for line in range(0, PANEL * BLOCK_BYTES, 64):
@@ -841,7 +842,8 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
                     raw = builder.load(builder.bitcast(builder.gep(span, [llir.Constant(i64, at)]), v16b.as_pointer()),
                                        align=1)
                     if Q4:
-                        wide = builder.zext(raw, v16s)
+                        # widened once for both nibbles (LLVM widened the masked and the shifted bytes apart)
+                        wide = kept(builder.zext(raw, v16s))
                         parts[h] = [(builder.and_(wide, llir.Constant(v16s, [15] * 16)), 2 * c),
                                     (builder.lshr(wide, llir.Constant(v16s, [4] * 16)), 2 * c + BLOCK // 2)]
                     else:
@@ -857,6 +859,7 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
                             chains_hu = sums_i[h, u]
                             chains_hu[chain] = kept(builder.add(chains_hu[chain], _lm_dot8(builder, parts[h][p][0], xq)))
             at_s = builder.mul(b, stride)
+            out_accs = []
             for h in halves:
                 dw = fields(builder.gep(span, [llir.Constant(i64, 2 * half_rows * h)]))
                 mw = fields(builder.gep(span, [llir.Constant(i64, 2 * PANEL + 2 * half_rows * h)])) if Q4 else None
@@ -865,22 +868,31 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
                     for more in sums_i[h, u][1:]:
                         total = builder.add(total, more)
                     dx = builder.load(builder.gep(scales, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
-                    acc = builder.call(fma8, [builder.sitofp(total, v8f), builder.fmul(dw, splat(dx, v8f)),
-                                              builder.load(slots[h, u], align=4)])
+                    prior = carried[len(out_accs)] if in_registers else builder.load(slots[h, u], align=4)
+                    acc = builder.call(fma8, [builder.sitofp(total, v8f), builder.fmul(dw, splat(dx, v8f)), prior])
                     if Q4:
                         sx = builder.load(builder.gep(sums, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
                         acc = builder.call(fma8, [mw, splat(sx, v8f), acc])
-                    builder.store(acc, slots[h, u], align=4)
-            return unused
+                    if in_registers:
+                        out_accs.append(acc)
+                    else:
+                        builder.store(acc, slots[h, u], align=4)
+            return out_accs if in_registers else carried
         return block
 
     slots = {(h, u): builder.bitcast(builder.gep(out, [builder.add(builder.mul(width, llir.Constant(i64, u)),
                                                                    llir.Constant(i64, half_rows * h))]), v8f.as_pointer())
              for h in range(2) for u in range(tokens)}
-    for slot in slots.values():
-        builder.store(llir.Constant(v8f, [0.0] * 8), slot, align=4)
+    in_registers = tokens == 1   # one row of x: its two float accumulators stay in registers
+    if not in_registers:
+        for slot in slots.values():
+            builder.store(llir.Constant(v8f, [0.0] * 8), slot, align=4)
     for halves in ([[0, 1]] if tokens * 2 <= HALVES_TOGETHER else [[0], [1]]):
-        _lm_vector_loop(builder, blocks, [llir.Constant(i64, 0)], halves_block(halves, slots))
+        inits = [llir.Constant(v8f, [0.0] * 8)] * (len(halves) * tokens) if in_registers else [llir.Constant(i64, 0)]
+        results = _lm_vector_loop(builder, blocks, inits, halves_block(halves, slots))
+        if in_registers:
+            for (h, u), acc in zip([(h, u) for h in halves for u in range(tokens)], results):
+                builder.store(acc, slots[h, u], align=4)
     return context.get_dummy_value()
 
 

@@ -290,7 +290,7 @@ def compute_all(data: dict) -> dict:
 def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
     classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512, ZEN5] if host_has("avx512bw") else [])
     # plain rows: 4 rows of x in tiles, 3 alone (T = 1's path); panels: tiles of 8, 4, 2 and 1 (AVX2: each
-    # half of the rows in its own pass at 8, both in one pass at 4 and 2); 17 blocks a row: the
+    # half of the rows in its own pass at 8, both in one pass at 4, 2 and 1); 17 blocks a row: the
     # quantizing pass's group of 16 and one block alone
     data = {"x": (rng.standard_normal((15, 544)) * 2).astype(np.float32)}
     for dtype in MOTIF:
