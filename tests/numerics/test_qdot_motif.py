@@ -309,3 +309,42 @@ def test_the_hot_loop_uses_the_integer_dot_instruction(tmp_path, motif):
     # panels on AVX-512 VNNI hosts: vpdpwssd (the multiply and the add in one)
     want = "vpdpwssd" if motif != "matmul_q4_1_i16" and host_has("avx512_vnni") else "vpmaddwd"
     assert re.search(rf"\b{want}\b", asm), f"no {want} in the compiled motif"
+
+
+_TILE_ASM_CHILD = """
+import json, pathlib, re, sys
+import numpy as np
+from loomc.lower import qdot
+motif = sys.argv[1]
+function = qdot.load_function(motif, pathlib.Path(sys.argv[2]))   # a fresh cache: numba keeps no asm for cached code
+x = np.zeros((8, 64), np.float32)
+w = np.zeros((16, 2 * qdot.BLOCK_BYTES[qdot.MOTIFS[motif]]), np.uint8)
+function(x, w, np.zeros((8, 16), np.float32), np.zeros(qdot.workspace_elems(8, 64), np.float32))
+loops = []
+for block in re.split(r"\\n(?=\\.LBB\\S+:)", function.inspect_asm(function.signatures[0])):
+    code = [line.strip() for line in block.splitlines()[1:] if line.strip() and not line.strip().startswith((".", "#"))]
+    dots = sum("vpmaddwd" in line for line in code)
+    if dots >= 64:   # a tile's block: 8 rows of x (or 4 with both halves)
+        loops.append({"dots": dots, "stack": sum("rsp" in line for line in code), "instructions": len(code)})
+print(json.dumps(loops))
+"""
+
+
+@pytest.mark.skipif(not host_has("avx2") or os.uname().machine != "x86_64", reason="runs AVX2 code")
+@pytest.mark.parametrize("motif", ["matmul_q4_1x16_i16", "matmul_q8_0x16_i16"])
+def test_the_avx2_panel_tile_keeps_its_sums_in_registers(tmp_path, motif):
+    """AVX2's 16 ymm: a tile of 8 rows of x holds 8 integer sums (one half of the panel's rows
+    at a time) and adds each product as it comes. Reassociated by LLVM, or with both halves'
+    sums at once, it spilled: 206 stack references for 128 `vpmaddwd`; now 12-33."""
+    import json
+    import subprocess
+
+    cpu, features = AVX2
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+    run = subprocess.run([sys.executable, "-c", _TILE_ASM_CHILD, motif, str(tmp_path)], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr[-2000:]
+    loops = json.loads(run.stdout.strip().splitlines()[-1])
+    assert loops, "no tile loop of 64 or more vpmaddwd in the AVX2 build"
+    for loop in loops:
+        assert loop["stack"] * 2 < loop["dots"], loop
