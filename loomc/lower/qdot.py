@@ -60,7 +60,7 @@ faster per core. AMD Zen 5 shuffles 512-bit vectors on more than one pipe, and t
 512-bit form was 5-20 % faster at T = 1 (docs/performance.md).
 
 How panels run: the same quantizing pass, then a task per panel of 16 rows of w runs all T
-rows of x against it in tiles of `panel_tokens()` rows (8 with AVX2 or AVX-512), then 4, 2, 1.
+rows of x against it in tiles of `panel_tokens()` rows (8 with AVX-512), then 4, 2, 1.
 A panel's block is one span (q4_1: 320 bytes, five cache lines): its 16 scales, (q4_1) its 16
 minimums, then its codes 2 bytes per row at a time, so one 32-byte load widened to 16-bit
 codes holds elements 2c and 2c + 1 of every row, lane by lane. Each such vector meets a
@@ -83,6 +83,7 @@ Panels without AVX-512 (AVX2's 16 ymm registers) run on 8-lane vectors, the pane
 two halves of 8 (`_lm_panel_halves`), the float accumulators of a tile of several rows of x
 in y, and each integer sum passed through an empty asm statement so that LLVM keeps the adds
 in order instead of computing a unit's products for every row of x first and spilling them.
+A tile is 4 rows of x, as before.
 AVX2 code on the Zen 5 machine, same bits: scout's projections 1.3x faster at T = 8 and
 1.05-1.1x at T = 1 (streamed), the q8_0 LM head 1.8x at T = 8 (docs/performance.md, eleventh
 session).
@@ -113,10 +114,6 @@ assert all(DTYPES[d].panel_unit == 2 and PANEL_ROWS[d] == 16 for d in MOTIFS.val
 # (before blocks were quantized in groups, 5-6 ns a block: not measured again since).
 PARALLEL_QUANTIZE_BLOCKS = 512
 QUANTIZE_GROUP = 16                         # blocks the quantizing pass reduces together
-# Without AVX-512 a tile of at most this many (rows of x x halves of a panel) runs both halves
-# in one pass, sharing each activation pair's broadcast; a larger one runs a pass per half
-# (8 rows of x: integer accumulators for both halves would not fit 16 ymm)
-HALVES_TOGETHER = 8
 assert QUANTIZE_GROUP == 16, "a group's blocks are the 16 lanes of one <16 x i32> vector (`across`)"
 PREFETCH_BYTES = 16384                      # how far ahead of each row's block its cache line is asked for
 
@@ -132,12 +129,13 @@ def tile_shape() -> tuple[int, int]:
 
 def panel_tokens() -> int:
     """Rows of x per tile of a panel. AVX-512: one <16 x i32> integer and one <16 x f32>
-    accumulator each stay in registers (8 pairs of 32 zmm). AVX2: a tile runs each half of
-    the panel's rows in its own pass (`_lm_panel_halves`) with one <8 x i32> accumulator per
-    row of x in registers (8 of 16 ymm) and the float ones in y. Narrower targets: 4."""
-    from loomc.lower.matmul import target_has
+    accumulator each stay in registers (8 pairs of 32 zmm). Else 4: the tile runs the panel's
+    rows as two halves of 8 (`_lm_panel_halves`), two <8 x i32> sums per row of x in registers
+    (8 of AVX2's 16 ymm) and the float accumulators in y. (8 rows of x, each half in its own
+    pass, were as fast for q4_1 and 7 % slower for q8_0's LM head.)"""
+    from loomc.lower.matmul import _target_has_avx512
 
-    return 8 if target_has("avx2") else 4
+    return 8 if _target_has_avx512() else 4
 
 
 def workspace_elems(rows: int, depth: int) -> int:
@@ -777,11 +775,12 @@ def _lm_panel_codegen(tokens):
 
 def _lm_panel_halves(context, builder, sig, args, tokens):
     # _lm_panel_codegen's tile without AVX-512, on 8-lane vectors (AVX2's ymm; narrower
-    # targets split them): the panel's rows as two halves of 8, so that a tile's integer
-    # accumulators fit 16 registers; the float ones are y's own elements, loaded and stored
-    # once a block (in registers for one row of x). With a <16 x i32> and a <16 x f32> per row
-    # of x in registers, a tile of 4 spilled (206 of a block's 560 instructions were stack
-    # loads and stores). The same operations on the same values per lane, so the same bits
+    # targets split them): the panel's rows as two halves of 8, each activation pair's
+    # broadcast serving both, the integer sums in registers (8 ymm for 4 rows of x) and the
+    # float accumulators y's own elements, loaded and stored once a block (in registers for
+    # one row of x). With a <16 x i32> and a <16 x f32> per row of x in registers, a tile of 4
+    # spilled (206 of a block's 560 instructions were stack loads and stores). The same
+    # operations on the same values per lane, so the same bits
     from llvmlite import ir as llir
 
     f32, i8, i16, i32, i64 = (llir.FloatType(), llir.IntType(8), llir.IntType(16), llir.IntType(32),
@@ -825,60 +824,58 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
             return value
         return builder.asm(llir.FunctionType(value.type, [value.type]), "", "=x,0", [value], False)
 
-    def halves_block(halves, slots):
-        # one block of the rows' halves `halves` against the tile's rows of x: each activation
-        # pair's broadcast serves every half
-        def block(b, carried):
-            span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
-            if halves[0] == 0:
-                for line in range(0, PANEL * BLOCK_BYTES, 64):
-                    _lm_prefetch(builder, span, PREFETCH_BYTES + line, 0)   # streamed: non-temporal
-            at_b = builder.mul(b, llir.Constant(i64, BLOCK))
-            sums_i = {(h, u): [zero_i] * chains for h in halves for u in range(tokens)}
-            for c in range(BLOCK // 4 if Q4 else BLOCK // 2):   # the units of 2 code bytes per row
-                parts = {}
-                for h in halves:
-                    at = PANEL * (CODES_OFFSET + 2 * c) + 2 * half_rows * h
-                    raw = builder.load(builder.bitcast(builder.gep(span, [llir.Constant(i64, at)]), v16b.as_pointer()),
-                                       align=1)
-                    if Q4:
-                        # widened once for both nibbles (LLVM widened the masked and the shifted bytes apart)
-                        wide = kept(builder.zext(raw, v16s))
-                        parts[h] = [(builder.and_(wide, llir.Constant(v16s, [15] * 16)), 2 * c),
-                                    (builder.lshr(wide, llir.Constant(v16s, [4] * 16)), 2 * c + BLOCK // 2)]
-                    else:
-                        parts[h] = [(builder.sext(raw, v16s), 2 * c)]
-                for p in range(len(parts[halves[0]])):
-                    chain = (len(parts[halves[0]]) * c + p) % chains
-                    element = parts[halves[0]][p][1]
-                    for u in range(tokens):
-                        pair = builder.load(builder.bitcast(builder.gep(codes[u], [builder.add(at_b, llir.Constant(i64, element))]),
-                                                            i32.as_pointer()), align=2)
-                        xq = builder.bitcast(splat(pair, v8i), v16s)
-                        for h in halves:
-                            chains_hu = sums_i[h, u]
-                            chains_hu[chain] = kept(builder.add(chains_hu[chain], _lm_dot8(builder, parts[h][p][0], xq)))
-            at_s = builder.mul(b, stride)
-            out_accs = []
+    halves = (0, 1)
+
+    def block(b, carried):
+        # one block of the panel's two halves against the tile's rows of x
+        span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
+        for line in range(0, PANEL * BLOCK_BYTES, 64):
+            _lm_prefetch(builder, span, PREFETCH_BYTES + line, 0)   # streamed: non-temporal
+        at_b = builder.mul(b, llir.Constant(i64, BLOCK))
+        sums_i = {(h, u): [zero_i] * chains for h in halves for u in range(tokens)}
+        for c in range(BLOCK // 4 if Q4 else BLOCK // 2):   # the units of 2 code bytes per row
+            parts = {}
             for h in halves:
-                dw = fields(builder.gep(span, [llir.Constant(i64, 2 * half_rows * h)]))
-                mw = fields(builder.gep(span, [llir.Constant(i64, 2 * PANEL + 2 * half_rows * h)])) if Q4 else None
+                at = PANEL * (CODES_OFFSET + 2 * c) + 2 * half_rows * h
+                raw = builder.load(builder.bitcast(builder.gep(span, [llir.Constant(i64, at)]), v16b.as_pointer()),
+                                   align=1)
+                if Q4:
+                    # widened once for both nibbles (LLVM widened the masked and the shifted bytes apart)
+                    wide = kept(builder.zext(raw, v16s))
+                    parts[h] = [(builder.and_(wide, llir.Constant(v16s, [15] * 16)), 2 * c),
+                                (builder.lshr(wide, llir.Constant(v16s, [4] * 16)), 2 * c + BLOCK // 2)]
+                else:
+                    parts[h] = [(builder.sext(raw, v16s), 2 * c)]
+            for p in range(len(parts[0])):
+                chain = (len(parts[0]) * c + p) % chains
+                element = parts[0][p][1]
                 for u in range(tokens):
-                    total = sums_i[h, u][0]
-                    for more in sums_i[h, u][1:]:
-                        total = builder.add(total, more)
-                    dx = builder.load(builder.gep(scales, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
-                    prior = carried[len(out_accs)] if in_registers else builder.load(slots[h, u], align=4)
-                    acc = builder.call(fma8, [builder.sitofp(total, v8f), builder.fmul(dw, splat(dx, v8f)), prior])
-                    if Q4:
-                        sx = builder.load(builder.gep(sums, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
-                        acc = builder.call(fma8, [mw, splat(sx, v8f), acc])
-                    if in_registers:
-                        out_accs.append(acc)
-                    else:
-                        builder.store(acc, slots[h, u], align=4)
-            return out_accs if in_registers else carried
-        return block
+                    pair = builder.load(builder.bitcast(builder.gep(codes[u], [builder.add(at_b, llir.Constant(i64, element))]),
+                                                        i32.as_pointer()), align=2)
+                    xq = builder.bitcast(splat(pair, v8i), v16s)
+                    for h in halves:
+                        chains_hu = sums_i[h, u]
+                        chains_hu[chain] = kept(builder.add(chains_hu[chain], _lm_dot8(builder, parts[h][p][0], xq)))
+        at_s = builder.mul(b, stride)
+        out_accs = []
+        for h in halves:
+            dw = fields(builder.gep(span, [llir.Constant(i64, 2 * half_rows * h)]))
+            mw = fields(builder.gep(span, [llir.Constant(i64, 2 * PANEL + 2 * half_rows * h)])) if Q4 else None
+            for u in range(tokens):
+                total = sums_i[h, u][0]
+                for more in sums_i[h, u][1:]:
+                    total = builder.add(total, more)
+                dx = builder.load(builder.gep(scales, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
+                prior = carried[len(out_accs)] if in_registers else builder.load(slots[h, u], align=4)
+                acc = builder.call(fma8, [builder.sitofp(total, v8f), builder.fmul(dw, splat(dx, v8f)), prior])
+                if Q4:
+                    sx = builder.load(builder.gep(sums, [builder.add(at_s, llir.Constant(i64, u))]), align=4)
+                    acc = builder.call(fma8, [mw, splat(sx, v8f), acc])
+                if in_registers:
+                    out_accs.append(acc)
+                else:
+                    builder.store(acc, slots[h, u], align=4)
+        return out_accs if in_registers else carried
 
     slots = {(h, u): builder.bitcast(builder.gep(out, [builder.add(builder.mul(width, llir.Constant(i64, u)),
                                                                    llir.Constant(i64, half_rows * h))]), v8f.as_pointer())
@@ -887,12 +884,11 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
     if not in_registers:
         for slot in slots.values():
             builder.store(llir.Constant(v8f, [0.0] * 8), slot, align=4)
-    for halves in ([[0, 1]] if tokens * 2 <= HALVES_TOGETHER else [[0], [1]]):
-        inits = [llir.Constant(v8f, [0.0] * 8)] * (len(halves) * tokens) if in_registers else [llir.Constant(i64, 0)]
-        results = _lm_vector_loop(builder, blocks, inits, halves_block(halves, slots))
-        if in_registers:
-            for (h, u), acc in zip([(h, u) for h in halves for u in range(tokens)], results):
-                builder.store(acc, slots[h, u], align=4)
+    inits = [llir.Constant(v8f, [0.0] * 8)] * (len(halves) * tokens) if in_registers else [llir.Constant(i64, 0)]
+    results = _lm_vector_loop(builder, blocks, inits, block)
+    if in_registers:
+        for (h, u), acc in zip([(h, u) for h in halves for u in range(tokens)], results):
+            builder.store(acc, slots[h, u], align=4)
     return context.get_dummy_value()
 
 
@@ -926,7 +922,7 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
     header = (f"# Generated by loomc {LOOMC_VERSION} for numba {numba.__version__}; do not edit.\n"
               f"# motif {motif}: y = x . w^T, {dtype} w against x quantized to 16-bit codes per block of 32, "
               f"integer dot products (loomc/lower/qdot.py)\n")
-    constants = (f"HALVES_TOGETHER = {HALVES_TOGETHER}\nPREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nGROUP = {QUANTIZE_GROUP}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
+    constants = (f"PREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nGROUP = {QUANTIZE_GROUP}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
                  f"CODES_OFFSET = {DTYPES[dtype].codes_offset}\nQ4 = {(DTYPES[dtype].panel_of or dtype) == 'q4_1'}\n")
     if PANEL_ROWS[dtype]:
         constants += f"PANEL = {PANEL_ROWS[dtype]}\nTOKENS = {panel_tokens()}\n"

@@ -289,9 +289,9 @@ def compute_all(data: dict) -> dict:
                     reason="the SIMD classes compared here are x86-64's")
 def test_every_simd_class_computes_the_same_bits(rng, tmp_path):
     classes = [BASELINE] + ([AVX2] if host_has("avx2") else []) + ([AVX512, ZEN5] if host_has("avx512bw") else [])
-    # plain rows: 4 rows of x in tiles, 3 alone (T = 1's path); panels: tiles of 8, 4, 2 and 1 (AVX2: each
-    # half of the rows in its own pass at 8, both in one pass at 4, 2 and 1); 17 blocks a row: the
-    # quantizing pass's group of 16 and one block alone
+    # plain rows: 4 rows of x in tiles, 3 alone (T = 1's path); panels: tiles of 8, 4, 2 and 1 (without
+    # AVX-512: 4, 4, 4, 2 and 1, the panel's rows in halves of 8); 17 blocks a row: the quantizing pass's
+    # group of 16 and one block alone
     data = {"x": (rng.standard_normal((15, 544)) * 2).astype(np.float32)}
     for dtype in MOTIF:
         data[dtype], _ = quantized(rng, PLAIN[dtype], 9 if dtype == PLAIN[dtype] else 32, 544)   # repacked by run_motif
@@ -324,7 +324,7 @@ loops = []
 for block in re.split(r"\\n(?=\\.LBB\\S+:)", function.inspect_asm(function.signatures[0])):
     code = [line.strip() for line in block.splitlines()[1:] if line.strip() and not line.strip().startswith((".", "#"))]
     dots = sum("vpmaddwd" in line for line in code)
-    if dots >= 64:   # a tile's block: 8 rows of x (or 4 with both halves)
+    if dots >= 64:   # a tile's block: 4 rows of x against both halves of the panel
         loops.append({"dots": dots, "stack": sum("rsp" in line for line in code), "instructions": len(code)})
 print(json.dumps(loops))
 """
@@ -333,9 +333,10 @@ print(json.dumps(loops))
 @pytest.mark.skipif(not host_has("avx2") or os.uname().machine != "x86_64", reason="runs AVX2 code")
 @pytest.mark.parametrize("motif", ["matmul_q4_1x16_i16", "matmul_q8_0x16_i16"])
 def test_the_avx2_panel_tile_keeps_its_sums_in_registers(tmp_path, motif):
-    """AVX2's 16 ymm: a tile of 8 rows of x holds 8 integer sums (one half of the panel's rows
-    at a time) and adds each product as it comes. Reassociated by LLVM, or with both halves'
-    sums at once, it spilled: 206 stack references for 128 `vpmaddwd`; now 12-33."""
+    """AVX2's 16 ymm: a tile of 4 rows of x holds 8 integer sums of 8 lanes (the panel's two
+    halves of 8 rows) and adds each product as it comes, its float accumulators in y. With a
+    16-lane integer and float accumulator per row of x it spilled: 206 stack references for
+    128 `vpmaddwd`."""
     import json
     import subprocess
 
