@@ -257,10 +257,14 @@ class StageService:
             job.future.set_exception(error)
 
     def _settle(self, job: Job, error: LoomError | None) -> None:
-        """Deliver the outcome, then tell `outcomes` (the request's event)."""
-        self._resolve(job, error)
-        if self.outcomes is not None:
-            self.outcomes(job, error)
+        """Tell `outcomes` (the request's event), then deliver the outcome: a client that reads
+        the journal once it has its response finds the request there. (The other way round, a
+        client on a busy machine could read the journal before the event was written.)"""
+        try:
+            if self.outcomes is not None:
+                self.outcomes(job, error)
+        finally:
+            self._resolve(job, error)
 
     def wake(self) -> None:
         """Something a paused job waited for happened (a reader took output): look again."""

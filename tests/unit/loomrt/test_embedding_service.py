@@ -138,3 +138,22 @@ def test_inputs_that_can_never_fit_are_refused(service_and_program):
         svc.submit(EmbeddingJob([[1] * 9]))
     with pytest.raises(InvalidRequest):
         svc.submit(EmbeddingJob([]))
+
+
+def test_a_request_s_event_is_told_before_its_result_is_delivered():
+    """`outcomes` (the journal's `request` event) runs before the future resolves, so a client
+    that reads the journal once it has its response finds its request there."""
+    program = FakeEncode()
+    seen: list[bool] = []
+    svc = EmbeddingService("t", SimpleNamespace(programs={"encode": program}),
+                           SimpleNamespace(device=SimpleNamespace(key="cpu"), owner="t/primary"), FakeResidency(), {},
+                           64, width=WIDTH, outcomes=lambda job, error: seen.append(job.future.done())).start()
+    try:
+        program.proceed.release()
+        future = svc.submit(EmbeddingJob([[5, 6]]))
+        assert np.array_equal(future.result(timeout=TIMEOUT), expected([[5, 6]]))
+        assert seen == [False]
+    finally:
+        for _ in range(4):
+            program.proceed.release()
+        svc.stop("abort").result(timeout=TIMEOUT)
