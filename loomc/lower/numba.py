@@ -63,9 +63,10 @@ LIGHT_CHUNK = 64  # elements of the last parallel dimension per lane when the bo
 SERIAL_LIGHT_CHUNKS = 256
 # A heavy parallel loop (a body with loops) whose lanes' loops, counted before it starts, make
 # at most this many iterations in all runs serially. Opening a parallel region from a launch
-# cost about 4 us on the Zen 5 machine under TBB (1-2 us under OpenMP now): residual_rmsnorm over 576 features took 7.7-14.7 us
-# serially from 2 to 64 rows against 11.7-22.0 us in parallel; 16384 leaves room for
-# bodies that run a few cycles per iteration rather than a fraction of one.
+# cost about 4 us on the Zen 5 machine under TBB (1-2 us under OpenMP now): residual_rmsnorm
+# over 576 features took 7.7-14.7 us serially from 2 to 64 rows against 11.7-22.0 us in
+# parallel; 16384 leaves room for bodies that run a few cycles per iteration rather than a
+# fraction of one.
 SERIAL_HEAVY_WORK = 16384
 STACK_ARRAY_BYTES = 65536  # larger local arrays go to the heap
 

@@ -116,7 +116,7 @@ def _lm_few_codegen(kind):
         n_lanes = sig.args[-1].literal_value
 
         f32, i32, i64 = llir.FloatType(), llir.IntType(32), llir.IntType(64)
-        vec, ivec = llir.VectorType(f32, 16), llir.VectorType(i32, 16)
+        vec = llir.VectorType(f32, 16)
         fma = cgutils.get_or_insert_function(builder.module, llir.FunctionType(vec, [vec] * 3), "llvm.fma.v16f32")
         zero = llir.Constant(vec, [0.0] * 16)
         values = _lm_arguments(context, builder, sig, args)
@@ -133,10 +133,27 @@ def _lm_few_codegen(kind):
         def vstore(v, ptr):
             builder.store(v, builder.bitcast(ptr, vec.as_pointer()), align=4)
 
-        def splat(ptr):   # the float at ptr in all 16 lanes (a broadcast from memory)
+        def splat(ptr, vector=vec):   # the float at ptr in every lane (a broadcast from memory)
             x = builder.load(ptr, align=4)
-            return builder.shuffle_vector(builder.insert_element(llir.Constant(vec, None), x, llir.Constant(i32, 0)),
-                                          llir.Constant(vec, None), llir.Constant(ivec, [0] * 16))
+            lanes = llir.VectorType(i32, vector.count)
+            return builder.shuffle_vector(builder.insert_element(llir.Constant(vector, None), x, llir.Constant(i32, 0)),
+                                          llir.Constant(vector, None), llir.Constant(lanes, [0] * vector.count))
+
+        def transposed(v):
+            # n vectors of n lanes, rows of a block, as its n columns: the off-diagonal h x h
+            # blocks swapped for h = n / 2 .. 1, in registers
+            n = len(v)
+            lanes, h = llir.VectorType(i32, n), n // 2
+            while h:
+                new = list(v)
+                for r in range(n):
+                    if (r // h) % 2 == 0:
+                        lo = [l if (l // h) % 2 == 0 else n + l - h for l in range(n)]
+                        hi = [l + h if (l // h) % 2 == 0 else n + l for l in range(n)]
+                        new[r] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(lanes, lo))
+                        new[r + h] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(lanes, hi))
+                v, h = new, h // 2
+            return v
 
         if kind == "scores":
             # (qf, qoff, qld, kf, base, ld, kb, E, sc, sc_off, sc_ld): sc[sc_off + i * sc_ld + j] =
@@ -155,37 +172,23 @@ def _lm_few_codegen(kind):
             if not _lm_target_has("avx512f"):
                 # 16 ymm: the 16 rows of a 16 x 16 block spilled. The same chains, for keys 0..7
                 # and then 8..15, each 8 x 8 block of keys and features transposed in registers
-                half, ihalf = llir.VectorType(f32, 8), llir.VectorType(i32, 8)
+                half = llir.VectorType(f32, 8)
                 fma8 = cgutils.get_or_insert_function(builder.module, llir.FunctionType(half, [half] * 3),
                                                       "llvm.fma.v8f32")
                 zero8 = llir.Constant(half, [0.0] * 8)
-
-                def splat8(ptr):
-                    x = builder.load(ptr, align=4)
-                    return builder.shuffle_vector(builder.insert_element(llir.Constant(half, None), x, llir.Constant(i32, 0)),
-                                                  llir.Constant(half, None), llir.Constant(ihalf, [0] * 8))
 
                 def key_half(kh):
                     def chunk8(c, accs):   # accs[i]: lane i's scores of keys 8 kh .. 8 kh + 7
                         new = list(accs)
                         for fh in range(2):
                             at = builder.add(builder.mul(c, c64(16)), c64(8 * fh))
-                            v = [builder.select(live[8 * kh + j],
-                                                builder.load(builder.bitcast(builder.gep(rows[8 * kh + j], [at]),
-                                                                             half.as_pointer()), align=4), zero8)
-                                 for j in range(8)]
-                            for h in (4, 2, 1):   # v[e] = feature at + e of the 8 keys
-                                nxt = list(v)
-                                for r in range(8):
-                                    if (r // h) % 2 == 0:
-                                        lo = [l if (l // h) % 2 == 0 else 8 + l - h for l in range(8)]
-                                        hi = [l + h if (l // h) % 2 == 0 else 8 + l for l in range(8)]
-                                        nxt[r] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ihalf, lo))
-                                        nxt[r + h] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ihalf, hi))
-                                v = nxt
+                            v = transposed([builder.select(live[8 * kh + j],
+                                                           builder.load(builder.bitcast(builder.gep(rows[8 * kh + j], [at]),
+                                                                                        half.as_pointer()), align=4), zero8)
+                                            for j in range(8)])   # v[e] = feature at + e of the 8 keys
                             for e in range(8):
                                 q_at = builder.mul(builder.add(at, c64(e)), qld)
-                                new = [builder.call(fma8, [splat8(builder.gep(qf, [builder.add(qoff[i], q_at)])), v[e],
+                                new = [builder.call(fma8, [splat(builder.gep(qf, [builder.add(qoff[i], q_at)]), half), v[e],
                                                            new[i]]) for i in range(n_lanes)]
                         return new
                     return chunk8
@@ -199,16 +202,8 @@ def _lm_few_codegen(kind):
 
             def chunk(c, accs):
                 off = builder.mul(c, c64(16))
-                v = [builder.select(live[j], vload(builder.gep(rows[j], [off])), zero) for j in range(16)]
-                for h in (8, 4, 2, 1):   # swap the off-diagonal h x h blocks: v[e] = feature off + e of keys 0..15
-                    new = list(v)
-                    for r in range(16):
-                        if (r // h) % 2 == 0:
-                            lo = [l if (l // h) % 2 == 0 else 16 + l - h for l in range(16)]
-                            hi = [l + h if (l // h) % 2 == 0 else 16 + l for l in range(16)]
-                            new[r] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ivec, lo))
-                            new[r + h] = builder.shuffle_vector(v[r], v[r + h], llir.Constant(ivec, hi))
-                    v = new
+                # v[e] = feature off + e of keys 0..15
+                v = transposed([builder.select(live[j], vload(builder.gep(rows[j], [off])), zero) for j in range(16)])
                 for e in range(16):
                     at = builder.mul(builder.add(off, c64(e)), qld)
                     accs = [builder.call(fma, [splat(builder.gep(qf, [builder.add(qoff[i], at)])), v[e], accs[i]])

@@ -683,6 +683,52 @@ def _lm_dot_pairs(builder, acc, w, x):
     return builder.add(acc, _lm_dot16(builder, w, x))
 
 
+def _lm_panel_operands(context, builder, sig, args, tokens):
+    # a panel tile's operands (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y,
+    # y_off, width) as pointers: (the panel's bytes, each row of x's codes, the activation
+    # scales, the q4_1 sums, y at y_off, blocks, stride, width)
+    from llvmlite import ir as llir
+
+    i64 = llir.IntType(64)
+    (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off,
+     width) = _lm_arguments(context, builder, sig, args)
+    panel = _lm_pointer(context, builder, sig.args[0], w, w_off, llir.IntType(8))
+    all_codes = _lm_pointer(context, builder, sig.args[2], ws, llir.Constant(i64, 0), llir.IntType(16))
+    codes = [builder.gep(all_codes, [builder.add(q_off, builder.mul(depth, llir.Constant(i64, u)))])
+             for u in range(tokens)]
+    scales = _lm_pointer(context, builder, sig.args[2], ws, d_off, llir.FloatType())
+    sums = _lm_pointer(context, builder, sig.args[2], ws, s_off, llir.FloatType())
+    out = _lm_pointer(context, builder, sig.args[9], y, y_off, llir.FloatType())
+    return panel, codes, scales, sums, out, blocks, stride, width
+
+
+def _lm_splat(builder, value, vector):
+    # the scalar `value` in every lane of LLVM vector type `vector`
+    from llvmlite import ir as llir
+
+    i32 = llir.IntType(32)
+    one = builder.insert_element(llir.Constant(vector, None), value, llir.Constant(i32, 0))
+    return builder.shuffle_vector(one, llir.Constant(vector, None), llir.Constant(llir.VectorType(i32, vector.count),
+                                                                                   [0] * vector.count))
+
+
+def _lm_f16_fields(builder, at, lanes):
+    # the `lanes` little-endian f16 at byte pointer `at` as <lanes x f32>, exactly: one
+    # vcvtph2ps with F16C, else each by _lm_half's integer path
+    from llvmlite import ir as llir
+
+    f32, i32, i64 = llir.FloatType(), llir.IntType(32), llir.IntType(64)
+    wide = llir.VectorType(f32, lanes)
+    if _lm_target_has("f16c"):
+        halves = llir.VectorType(llir.HalfType(), lanes)
+        return builder.fpext(builder.load(builder.bitcast(at, halves.as_pointer()), align=1), wide)
+    vector = llir.Constant(wide, None)
+    for r in range(lanes):
+        vector = builder.insert_element(vector, _lm_half(builder, builder.gep(at, [llir.Constant(i64, 2 * r)])),
+                                        llir.Constant(i32, r))
+    return vector
+
+
 def _lm_panel_codegen(tokens):
     def codegen(context, builder, sig, args):
         if not _lm_target_has("avx512f"):
@@ -701,32 +747,16 @@ def _lm_panel_codegen(tokens):
                                   llir.IntType(64))
         v16f, v16i, v32b, v32s = (llir.VectorType(f32, 16), llir.VectorType(i32, 16), llir.VectorType(i8, 32),
                                   llir.VectorType(i16, 32))
-        v16h = llir.VectorType(llir.HalfType(), 16)
-        (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off,
-         width) = _lm_arguments(context, builder, sig, args)
-        panel = _lm_pointer(context, builder, sig.args[0], w, w_off, i8)
-        all_codes = _lm_pointer(context, builder, sig.args[2], ws, llir.Constant(i64, 0), i16)
-        codes = [builder.gep(all_codes, [builder.add(q_off, builder.mul(depth, llir.Constant(i64, u)))])
-                 for u in range(tokens)]
-        scales = _lm_pointer(context, builder, sig.args[2], ws, d_off, f32)
-        sums = _lm_pointer(context, builder, sig.args[2], ws, s_off, f32)
-        out = _lm_pointer(context, builder, sig.args[9], y, y_off, f32)
+        panel, codes, scales, sums, out, blocks, stride, width = _lm_panel_operands(context, builder, sig, args, tokens)
         fma16 = _lm_ir_function(builder, "llvm.fma.v16f32", v16f, [v16f, v16f, v16f])
         zero_i = llir.Constant(v16i, [0] * 16)
         chains = max(1, 4 // tokens)   # independent integer sums per row of x (exact: any split)
 
         def splat(value, vector):
-            one = builder.insert_element(llir.Constant(vector, None), value, llir.Constant(i32, 0))
-            return builder.shuffle_vector(one, llir.Constant(vector, None), llir.Constant(v16i, [0] * 16))
+            return _lm_splat(builder, value, vector)
 
         def fields(at):   # the PANEL f16 at byte pointer `at` as <16 x f32>, exactly
-            if _lm_target_has("f16c"):
-                return builder.fpext(builder.load(builder.bitcast(at, v16h.as_pointer()), align=1), v16f)
-            vector = llir.Constant(v16f, None)
-            for r in range(PANEL):
-                value = _lm_half(builder, builder.gep(at, [llir.Constant(i64, 2 * r)]))
-                vector = builder.insert_element(vector, value, llir.Constant(i32, r))
-            return vector
+            return _lm_f16_fields(builder, at, PANEL)
 
         def block(b, accs):
             span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
@@ -787,33 +817,17 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
                               llir.IntType(64))
     v8f, v8i, v16b, v16s = (llir.VectorType(f32, 8), llir.VectorType(i32, 8), llir.VectorType(i8, 16),
                             llir.VectorType(i16, 16))
-    (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off,
-     width) = _lm_arguments(context, builder, sig, args)
-    panel = _lm_pointer(context, builder, sig.args[0], w, w_off, i8)
-    all_codes = _lm_pointer(context, builder, sig.args[2], ws, llir.Constant(i64, 0), i16)
-    codes = [builder.gep(all_codes, [builder.add(q_off, builder.mul(depth, llir.Constant(i64, u)))])
-             for u in range(tokens)]
-    scales = _lm_pointer(context, builder, sig.args[2], ws, d_off, f32)
-    sums = _lm_pointer(context, builder, sig.args[2], ws, s_off, f32)
-    out = _lm_pointer(context, builder, sig.args[9], y, y_off, f32)
+    panel, codes, scales, sums, out, blocks, stride, width = _lm_panel_operands(context, builder, sig, args, tokens)
     fma8 = _lm_ir_function(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
     zero_i = llir.Constant(v8i, [0] * 8)
     chains = max(1, 4 // tokens)
     half_rows = PANEL // 2
 
     def splat(value, vector):
-        one = builder.insert_element(llir.Constant(vector, None), value, llir.Constant(i32, 0))
-        return builder.shuffle_vector(one, llir.Constant(vector, None), llir.Constant(v8i, [0] * 8))
+        return _lm_splat(builder, value, vector)
 
     def fields(at):   # the half_rows f16 at byte pointer `at` as <8 x f32>, exactly
-        if _lm_target_has("f16c"):
-            v8h = llir.VectorType(llir.HalfType(), half_rows)
-            return builder.fpext(builder.load(builder.bitcast(at, v8h.as_pointer()), align=1), v8f)
-        vector = llir.Constant(v8f, None)
-        for r in range(half_rows):
-            value = _lm_half(builder, builder.gep(at, [llir.Constant(i64, 2 * r)]))
-            vector = builder.insert_element(vector, value, llir.Constant(i32, r))
-        return vector
+        return _lm_f16_fields(builder, at, half_rows)
 
     def kept(value):
         # value through an empty asm statement, which LLVM may not see through: the integer
