@@ -43,11 +43,12 @@ def test_argmax_ties_go_to_the_lower_id_and_nan_never_wins(kernel):
 
 @pytest.mark.parametrize("kernel_name", ["argmax", "sample"])
 def test_the_first_of_equal_largest_logits_wins_across_lanes_and_the_tail(kernel, kernel_name):
-    # the scan runs in 16 lanes (lane z: ids z, z + 16, ...) and the ids past the last whole
-    # 16; the lanes' winners are compared at the end, ties to the lower id
-    vocab = 16 * 40 + 5
+    # the scan runs in 32 lanes (sampling.loom's argmax_lanes; lane z: ids z, z + 32, ...)
+    # and the ids past the last whole 32; the lanes' winners are compared at the end, ties to
+    # the lower id, then the ids past them, each only when strictly larger
+    vocab = 32 * 20 + 5
     logits = np.full((6, vocab), -1.0, np.float32)
-    logits[0, [517, 37, 21, 500]] = 4.0            # equal largest in lanes 5, 5, 5 and 4: 21 wins
+    logits[0, [549, 37, 53, 500]] = 4.0            # equal largest in lanes 5, 5, 21 and 20: 37 wins
     logits[1, [643, 644, 300]] = 9.0                # in the tail and lane 12: 300
     logits[2, [642, 640]] = 9.0                     # only in the tail: 640
     logits[3] = np.nan
@@ -60,7 +61,7 @@ def test_the_first_of_equal_largest_logits_wins_across_lanes_and_the_tail(kernel
         kernel("argmax")(logits, out)
     else:
         out = run_sample(kernel, logits, 0.0, 1.0, 0, 1, 0)
-    assert out.tolist() == [21, 300, 640, 77, 0, 1]
+    assert out.tolist() == [37, 300, 640, 77, 0, 1]
 
 
 @pytest.mark.parametrize("vocab", [7, 300, 4099])
