@@ -20,7 +20,7 @@ KERNEL_MATH: dict[str, tuple[str, int]] = {
 # Command motifs provided by the compiler as intrinsics (`matmul`, `matmul_f16`, `bmm`: loomc/lower/matmul.py;
 # `conv3x3`: loomc/lower/conv3x3.py; `attention`: loomc/lower/attention.py; `attention_paged`, `attention_paged_f16v`:
 # loomc/lower/paged_attention.py; `matmul_q4_1_i16`,
-# `matmul_q8_0_i16`, `matmul_q4_1x16_i16`, `matmul_q8_0x16_i16`: loomc/lower/qdot.py; `matmul_i8`: loomc/lower/i8gemm.py), declared in `.loom` signature syntax so shapes are checked exactly
+# `matmul_q8_0_i16`, `matmul_q4_1x16_i16`, `matmul_q8_0x16_i16`, `matmul_q4_1x16_i16_ahead`: loomc/lower/qdot.py; `matmul_i8`: loomc/lower/i8gemm.py), declared in `.loom` signature syntax so shapes are checked exactly
 # like calls to `.loom` kernels (conv3x3's K = 9 C and TO, which depend on its scalars, at dispatch).
 COMMAND_MOTIFS_SOURCE = """
 stage matmul(a: f32[M, K], b: f32[N, K], out c: f32[M, N])
@@ -34,6 +34,7 @@ stage matmul_q4_1_i16(x: f32[T, K], w: q4_1[N, K], out y: f32[T, N])
 stage matmul_q8_0_i16(x: f32[T, K], w: q8_0[N, K], out y: f32[T, N])
 stage matmul_q4_1x16_i16(x: f32[T, K], w: q4_1x16[N, K], out y: f32[T, N])
 stage matmul_q8_0x16_i16(x: f32[T, K], w: q8_0x16[N, K], out y: f32[T, N])
+stage matmul_q4_1x16_i16_ahead(x: f32[T, K], w: q4_1x16[N, K], out y: f32[T, N], k_cache: f32[C, L, S, KD], rows: i32[U], positions: i32[U], page_table: i32[R, P], layer: i64)
 stage matmul_i8(a: f32[M, K], b: i8[NB, KQ, 64], scale: f32[1], out c: f32[M, N])
 """
 

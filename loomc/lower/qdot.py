@@ -87,6 +87,18 @@ A tile is 4 rows of x, as before.
 AVX2 code on the Zen 5 machine, same bits: scout's projections 1.3x faster at T = 8 and
 1.05-1.1x at T = 1 (streamed), the q8_0 LM head 1.8x at T = 8 (docs/performance.md, eleventh
 session).
+
+`matmul_q4_1x16_i16_ahead(x, w, y, k_cache, rows, positions, page_table, layer)` is the q4_1
+panel motif, the same bits, that also reads ahead the keys an attention_paged call of `layer`
+will read for these tokens (`_lm_key_spans`: each row's pages up to its tokens' last
+position): the 64-byte lines of those (page, layer) spans are spread over the panels' first
+tiles, a few asked for (prefetcht0) in each block, where the projection computes and the
+memory has room. A burst of them before the panels instead held the projection up as long as
+the memory took to fetch them. At 8 rows, scout's gate/up projection reading the next layer's
+keys took its attention from 47.7 to 34.6 us a call on the Zen 5 machine, the step about 2.5 %
+faster; on AVX2 code 65 -> 45 us, the step about 5 % (docs/performance.md, twelfth session).
+Below AHEAD_TOKENS rows of x nothing is read ahead: at 1 row the projection streams its own
+weights, and the extra traffic made the served step 0.1 ms slower.
 """
 from __future__ import annotations
 
@@ -101,7 +113,14 @@ from loomc.lower.attention import VECTOR_LOOP_SOURCE
 
 # The motifs this module serves: name -> the weights' dtype.
 MOTIFS = {"matmul_q4_1_i16": "q4_1", "matmul_q8_0_i16": "q8_0",
-          "matmul_q4_1x16_i16": "q4_1x16", "matmul_q8_0x16_i16": "q8_0x16"}
+          "matmul_q4_1x16_i16": "q4_1x16", "matmul_q8_0x16_i16": "q8_0x16",
+          "matmul_q4_1x16_i16_ahead": "q4_1x16"}
+# Panel motifs that also read ahead, while they compute, the keys a later attention_paged call
+# will read (their operands after y: k_cache, rows, positions, page_table, layer)
+AHEAD = {"matmul_q4_1x16_i16_ahead"}
+# Rows of x from which they do: with fewer the projection waits on its own weights' stream,
+# and more memory traffic slowed it (1 row: the served step 0.1 ms slower)
+AHEAD_TOKENS = 4
 BLOCK = QUANT_BLOCK_ELEMS                   # elements per GGUF block, and per activation scale
 BLOCK_BYTES = {dtype: QUANT_BLOCK_BYTES[dtype] for dtype in MOTIFS.values()}   # bytes per weight block
 ROWS = 4                                    # rows of w per task: one activation load serves them
@@ -183,22 +202,58 @@ _DRIVER = _QUANTIZE + '''    groups = (N + ROWS - 1) // ROWS
             t += span
 '''
 
-_PANEL_DRIVER = _QUANTIZE + '''    for g in prange(N // PANEL):
+_PANEL_LOOP = '''    panels = N // PANEL
+    per = (lines + panels - 1) // panels if panels else 0   # lines read ahead per panel, in its first tile
+    pb = (per + B - 1) // B if B else 0                     # and per block of it
+    for g in prange(panels):
         at, t = g * PANEL, 0
+        first, end = g * per, min(lines, g * per + per)
         while t < T:
             q, d, s, out = t * K, codes + t, sums + t, t * N + at
             if t + TOKENS <= T:
-                _lm_panel_tile(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                _lm_panel_tile(w, at * rb, ws, q, d, s, B, K, T, y, out, N, aux, starts, lps, first, end, pb)
                 t += TOKENS
             elif t + 4 <= T:
-                _lm_panel_4(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                _lm_panel_4(w, at * rb, ws, q, d, s, B, K, T, y, out, N, aux, starts, lps, first, end, pb)
                 t += 4
             elif t + 2 <= T:
-                _lm_panel_2(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                _lm_panel_2(w, at * rb, ws, q, d, s, B, K, T, y, out, N, aux, starts, lps, first, end, pb)
                 t += 2
             else:
-                _lm_panel_1(w, at * rb, ws, q, d, s, B, K, T, y, out, N)
+                _lm_panel_1(w, at * rb, ws, q, d, s, B, K, T, y, out, N, aux, starts, lps, first, end, pb)
                 t += 1
+            first = end   # later tiles of the panel read nothing ahead
+'''
+
+_PANEL_DRIVER = _QUANTIZE + '''    aux, starts, lps, lines = w, np.empty(0, np.int64), 1, 0   # nothing to read ahead
+''' + _PANEL_LOOP
+
+# The read-ahead panel driver: the byte offsets in k_cache of the (page, layer) key spans
+# attention_paged will read for these tokens (each row's pages up to its tokens' last
+# position, pages with a valid id, a layer inside the cache), their 64-byte lines spread over
+# the panels' first tiles, a few per block
+_PANEL_AHEAD_DRIVER = _QUANTIZE.replace("(x, w, y, ws)", "(x, w, y, ws, k_cache, rows, positions, page_table, layer)") + '''    starts, lps = _lm_key_spans(k_cache, rows, positions, page_table, layer if T >= AHEAD_TOKENS else -1)
+    aux, lines = k_cache.reshape(-1), starts.size * lps
+''' + _PANEL_LOOP + '''
+
+@njit(cache=True, fastmath=False, error_model="numpy")
+def _lm_key_spans(k_cache, rows, positions, page_table, layer):
+    C, L, S, KD = k_cache.shape
+    R, P = page_table.shape
+    top = np.full(R, -1, np.int64)
+    for t in range(rows.size):
+        r = rows[t]
+        if r >= 0 and r < R and positions[t] >= 0:
+            top[r] = max(top[r], positions[t])
+    starts = np.empty(R * P if layer >= 0 and layer < L else 0, np.int64)
+    n = 0
+    for r in range(R if starts.size else 0):
+        for pi in range(min(P, (top[r] + S) // S)):
+            page = page_table[r, pi]
+            if page >= 0 and page < C:
+                starts[n] = (page * L + layer) * S * KD * 4
+                n += 1
+    return starts[:n], (S * KD * 4 + 63) // 64
 '''
 
 # Helpers of the LLVM IR intrinsics of generated modules (this one's and loomc/lower/i8gemm.py's):
@@ -691,7 +746,7 @@ def _lm_panel_operands(context, builder, sig, args, tokens):
 
     i64 = llir.IntType(64)
     (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off,
-     width) = _lm_arguments(context, builder, sig, args)
+     width) = _lm_arguments(context, builder, sig, args)[:12]
     panel = _lm_pointer(context, builder, sig.args[0], w, w_off, llir.IntType(8))
     all_codes = _lm_pointer(context, builder, sig.args[2], ws, llir.Constant(i64, 0), llir.IntType(16))
     codes = [builder.gep(all_codes, [builder.add(q_off, builder.mul(depth, llir.Constant(i64, u)))])
@@ -729,6 +784,30 @@ def _lm_f16_fields(builder, at, lanes):
     return vector
 
 
+def _lm_read_ahead(context, builder, sig, args, b):
+    # a panel tile's read-ahead in block b (its operands after width: aux, starts, lps, first,
+    # end, per_block): lines first + b * per_block + j (j < per_block) below end, line i being
+    # the (i % lps)-th 64-byte line of the span at byte starts[i // lps] of aux, asked for into
+    # every cache level; never faults, changes no value
+    from llvmlite import ir as llir
+
+    i64 = llir.IntType(64)
+    aux, starts, lps, first, end, per_block = _lm_arguments(context, builder, sig, args)[12:]
+    base = builder.bitcast(context.make_array(sig.args[12])(context, builder, aux).data, llir.IntType(8).as_pointer())
+    spans = context.make_array(sig.args[13])(context, builder, starts).data
+
+    def line(j, unused):
+        i = builder.add(builder.add(first, builder.mul(b, per_block)), j)
+        with builder.if_then(builder.icmp_signed("<", i, end)):
+            span = builder.sdiv(i, lps)
+            at = builder.add(builder.load(builder.gep(spans, [span])),
+                             builder.mul(builder.sub(i, builder.mul(span, lps)), llir.Constant(i64, 64)))
+            _lm_prefetch(builder, builder.gep(base, [at]), 0)
+        return unused
+
+    _lm_vector_loop(builder, per_block, [llir.Constant(i64, 0)], line)
+
+
 def _lm_panel_codegen(tokens):
     def codegen(context, builder, sig, args):
         if not _lm_target_has("avx512f"):
@@ -762,6 +841,7 @@ def _lm_panel_codegen(tokens):
             span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
             for line in range(0, PANEL * BLOCK_BYTES, 64):
                 _lm_prefetch(builder, span, PREFETCH_BYTES + line, 0)   # streamed: non-temporal
+            _lm_read_ahead(context, builder, sig, args, b)
             dw = fields(span)
             mw = fields(builder.gep(span, [llir.Constant(i64, 2 * PANEL)])) if Q4 else None
             at_b = builder.mul(b, llir.Constant(i64, BLOCK))
@@ -845,6 +925,7 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
         span = builder.gep(panel, [builder.mul(b, llir.Constant(i64, PANEL * BLOCK_BYTES))])
         for line in range(0, PANEL * BLOCK_BYTES, 64):
             _lm_prefetch(builder, span, PREFETCH_BYTES + line, 0)   # streamed: non-temporal
+        _lm_read_ahead(context, builder, sig, args, b)
         at_b = builder.mul(b, llir.Constant(i64, BLOCK))
         sums_i = {(h, u): [zero_i] * chains for h in halves for u in range(tokens)}
         for c in range(BLOCK // 4 if Q4 else BLOCK // 2):   # the units of 2 code bytes per row
@@ -907,9 +988,10 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
 
 
 def _lm_panel_typer(tokens):
-    def typer(typingctx, w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width):
-        return (types.none(w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width),
-                _lm_panel_codegen(tokens))
+    def typer(typingctx, w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width, aux, starts,
+              lps, first, end, per_block):
+        return (types.none(w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y, y_off, width, aux, starts, lps,
+                           first, end, per_block), _lm_panel_codegen(tokens))
 
     typer.__name__ = typer.__qualname__ = f"_lm_panel_{tokens}"
     return typer
@@ -939,8 +1021,8 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
     constants = (f"PREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nGROUP = {QUANTIZE_GROUP}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
                  f"CODES_OFFSET = {DTYPES[dtype].codes_offset}\nQ4 = {(DTYPES[dtype].panel_of or dtype) == 'q4_1'}\n")
     if PANEL_ROWS[dtype]:
-        constants += f"PANEL = {PANEL_ROWS[dtype]}\nTOKENS = {panel_tokens()}\n"
-        intrinsics, driver = _PANEL_INTRINSICS, _PANEL_DRIVER
+        constants += f"PANEL = {PANEL_ROWS[dtype]}\nTOKENS = {panel_tokens()}\nAHEAD_TOKENS = {AHEAD_TOKENS}\n"
+        intrinsics, driver = _PANEL_INTRINSICS, _PANEL_AHEAD_DRIVER if motif in AHEAD else _PANEL_DRIVER
     else:
         tile_rows, tile_tokens = tile_shape()
         constants += f"ROWS = {ROWS}\nTILE_ROWS = {tile_rows}\nTOKENS = {tile_tokens}\n"
@@ -950,15 +1032,16 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
 
 
 def workspace_for(motif: str, dims: list[list[int]], scalars: list) -> int:
-    """`workspace_elems` from the operands' dimensions (x, w, y), as a command dispatches them."""
-    (rows, depth), _, _ = dims
+    """`workspace_elems` from the operands' dimensions (x, w, y, ...), as a command dispatches them."""
+    rows, depth = dims[0]
     return workspace_elems(rows, depth)
 
 
 def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
-    """The driver's arguments (x, w's block bytes, y, workspace); ValueError when the shapes do
-    not make y = x . w^T or an operand is not contiguous (the driver reads them by address)."""
-    x, w, y = values
+    """The driver's arguments (x, w's block bytes, y, workspace, and a read-ahead motif's
+    k_cache, rows, positions, page_table, layer); ValueError when the shapes do not make
+    y = x . w^T or an operand is not contiguous (the driver reads them by address)."""
+    x, w, y = values[:3]
     t, k = x.shape
     n = w.shape[0]
     if k % BLOCK or w.shape != (n, k // BLOCK * BLOCK_BYTES[MOTIFS[motif]]) or y.shape != (t, n):
@@ -969,18 +1052,29 @@ def launch_arguments(motif: str, values: list, workspace: np.ndarray) -> tuple:
         raise ValueError("x, w and y must be contiguous")
     if workspace.size < workspace_elems(t, k):   # the driver writes the codes there by address
         raise ValueError(f"a workspace of {workspace.size} floats; x {x.shape} needs {workspace_elems(t, k)}")
-    return x, w, y, workspace
+    if motif not in AHEAD:
+        return x, w, y, workspace
+    k_cache, rows, positions, page_table, layer = values[3:]
+    if not k_cache.flags.c_contiguous:
+        raise ValueError("the cache read ahead must be contiguous (its lines are asked for by address)")
+    if rows.shape != positions.shape:
+        raise ValueError(f"rows {rows.shape} and positions {positions.shape} must have one entry per token")
+    return x, w, y, workspace, k_cache, rows, positions, page_table, int(layer)
 
 
 def argument_examples(motif: str = "matmul_q4_1_i16") -> tuple:
     """One value of each argument's exact type as dispatch passes them, for compiling ahead."""
     rows = max(1, PANEL_ROWS[MOTIFS[motif]])
-    return (np.zeros((1, BLOCK), np.float32), np.zeros((rows, BLOCK_BYTES[MOTIFS[motif]]), np.uint8),
-            np.zeros((1, rows), np.float32), np.zeros(workspace_elems(1, BLOCK), np.float32))
+    matmul = (np.zeros((1, BLOCK), np.float32), np.zeros((rows, BLOCK_BYTES[MOTIFS[motif]]), np.uint8),
+              np.zeros((1, rows), np.float32), np.zeros(workspace_elems(1, BLOCK), np.float32))
+    if motif not in AHEAD:
+        return matmul
+    i32 = np.zeros(1, np.int32)
+    return matmul + (np.zeros((1, 1, 1, 1), np.float32), i32, i32, np.zeros((1, 1), np.int32), 0)
 
 
 def load_function(motif: str = "matmul_q4_1_i16", cache_dir: Path | None = None):
-    """The compiled (lazily, then cached on disk) numba dispatcher: it takes (x, w, y, workspace)."""
+    """The compiled (lazily, then cached on disk) numba dispatcher: it takes `launch_arguments`."""
     from loomc.lower.numba import ensure_module, load_module, module_path
 
     text = render_module(motif)

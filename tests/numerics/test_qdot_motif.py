@@ -278,11 +278,73 @@ def test_launch_arguments_refuse_what_the_driver_cannot_read(rng):
         qdot.launch_arguments("matmul_q8_0_i16", [x, blocks, np.zeros((3, 8), np.float32)], ws)
     with pytest.raises(ValueError, match="whole panels"):
         qdot.launch_arguments("matmul_q4_1x16_i16", [x, blocks[:6], np.zeros((3, 6), np.float32)], ws)
+    k, table = key_cache(rng)
+    panels = panel_order(quantized(rng, "q4_1", 16, 64)[0], "q4_1x16")
+    y = np.zeros((3, 16), np.float32)
+    tokens = np.zeros(3, np.int32)
+    with pytest.raises(ValueError, match="the cache read ahead must be contiguous"):
+        qdot.launch_arguments("matmul_q4_1x16_i16_ahead", [x, panels, y, k[:, ::2], tokens, tokens, table, 0], ws)
+    with pytest.raises(ValueError, match="one entry per token"):
+        qdot.launch_arguments("matmul_q4_1x16_i16_ahead", [x, panels, y, k, tokens, tokens[:2], table, 0], ws)
+
+
+def key_cache(rng):
+    """A cache of 3 layers and pages of 16 positions by 64 features, page tables of two rows
+    (a missing page and an id past the cache included), and tokens with rows and positions
+    inside and outside them: the operands `matmul_q4_1x16_i16_ahead` reads ahead from."""
+    k = rng.standard_normal((10, 3, 16, 64)).astype(np.float32)
+    table = np.array([[3, 1, -1, 99], [0, 2, 5, 4]], np.int32)
+    return k, table
+
+
+def run_ahead(x: np.ndarray, panels: np.ndarray, k, rows, positions, table, layer) -> np.ndarray:
+    y = np.zeros((x.shape[0], panels.shape[0]), np.float32)
+    workspace = np.zeros(qdot.workspace_elems(*x.shape), np.float32)
+    motif = "matmul_q4_1x16_i16_ahead"
+    qdot.load_function(motif)(*qdot.launch_arguments(motif, [x, panels, y, k, rows, positions, table, layer], workspace))
+    return y
+
+
+@pytest.mark.parametrize("t", [1, 3, 4, 8, 13])
+@pytest.mark.parametrize("layer", [1, 3, -1])
+def test_the_read_ahead_motif_gives_the_panel_motif_s_bits(rng, t, layer):
+    # below AHEAD_TOKENS rows it reads nothing ahead, from it the first tile of every panel
+    # does; a layer outside the cache asks for nothing
+    blocks, _ = quantized(rng, "q4_1", 48, 192)
+    x = (rng.standard_normal((t, 192)) * 2).astype(np.float32)
+    k, table = key_cache(rng)
+    rows = rng.integers(-1, 3, t).astype(np.int32)
+    positions = rng.integers(-2, 64, t).astype(np.int32)
+    got = run_ahead(x, panel_order(blocks, "q4_1x16"), k, rows, positions, table, layer)
+    np.testing.assert_array_equal(got, run_motif("q4_1x16", x, blocks))
+
+
+def test_the_keys_read_ahead_are_the_pages_attention_paged_reads(rng):
+    # a row's pages up to its tokens' last position (attention_paged's keys 0..p), only those
+    # with a valid id, of the one layer: byte offsets into the cache of whole (page, layer) spans
+    from loomc.lower.numba import load_module, module_path
+
+    spans = load_module(module_path(qdot.render_module("matmul_q4_1x16_i16_ahead"), None))._lm_key_spans
+    k, table = key_cache(rng)
+    rows = np.array([1, 1, 0, 2, -1], np.int32)   # row 2 is past the table, -1 no row
+    positions = np.array([20, 33, 17, 5, 9], np.int32)
+    starts, lines = spans(k, rows, positions, table, 2)
+    span = 16 * 64 * 4
+    assert lines == span // 64
+    # row 1 reaches position 33: its pages 0, 1 and 2 (ids 0, 2, 5); row 0 position 17: pages 0 and 1 (3, 1)
+    assert sorted(starts.tolist()) == sorted(((page * 3 + 2) * span) for page in (0, 2, 5, 3, 1))
+    assert spans(k, rows, positions, table, 3)[0].size == 0
+    assert spans(k, rows, np.full(5, -1, np.int32), table, 0)[0].size == 0
 
 
 def compute_all(data: dict) -> dict:
     """The motifs on `data` (x and each dtype's blocks): run here and in the subprocesses."""
-    return {d: run_motif(d, data["x"], data[d]) for d in MOTIF}
+    out = {d: run_motif(d, data["x"], data[d]) for d in MOTIF}
+    k, table = key_cache(np.random.default_rng(7))
+    rows, positions = np.arange(len(data["x"]), dtype=np.int32) % 2, np.arange(len(data["x"]), dtype=np.int32) * 4
+    out["q4_1x16 read ahead"] = run_ahead(data["x"], panel_order(data["q4_1x16"], "q4_1x16"), k, rows, positions,
+                                          table, 1)
+    return out
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64",
