@@ -95,8 +95,9 @@ position): the 64-byte lines of those (page, layer) spans are spread over the pa
 tiles, a few asked for (prefetcht0) in each block, where the projection computes and the
 memory has room. A burst of them before the panels instead held the projection up as long as
 the memory took to fetch them. At 8 rows, scout's gate/up projection reading the next layer's
-keys took its attention from 47.7 to 34.6 us a call on the Zen 5 machine, the step about 2.5 %
-faster; on AVX2 code 65 -> 45 us, the step about 5 % (docs/performance.md, twelfth session).
+keys took its attention from 47.6-53.4 to 33.5-36.0 us a call on the Zen 5 machine, the step
+1-3 % faster; on AVX2 code 63.5-67.5 -> 44.4-46.3 us, the step 3.5 % (docs/performance.md,
+twelfth session).
 Below AHEAD_TOKENS rows of x nothing is read ahead: at 1 row the projection streams its own
 weights, and the extra traffic made the served step 0.1 ms slower.
 """
