@@ -54,7 +54,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     plain_type = DTYPES[args.dtype].panel_of
-    motif_of = {dtype: motif for motif, dtype in qdot.MOTIFS.items()}
+    motif_of = {dtype: motif for motif, dtype in qdot.MOTIFS.items() if motif not in qdot.AHEAD}
     plain_motif, panel_motif = qdot.load_function(motif_of[plain_type]), qdot.load_function(motif_of[args.dtype])
 
     def calls(shapes: list[tuple[int, int, int]]):
