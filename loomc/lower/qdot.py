@@ -227,8 +227,11 @@ _PANEL_LOOP = '''    panels = N // PANEL
             first = end   # later tiles of the panel read nothing ahead
 '''
 
-_PANEL_DRIVER = _QUANTIZE + '''    aux, starts, lps, lines = w, np.empty(0, np.int64), 1, 0   # nothing to read ahead
-''' + _PANEL_LOOP
+_PANEL_DRIVER = _QUANTIZE + '''    aux, starts, lps, lines = w, NO_SPANS, 1, 0   # nothing to read ahead
+''' + _PANEL_LOOP + '''
+
+NO_SPANS = np.empty(0, np.int64)
+'''
 
 # The read-ahead panel driver: the byte offsets in k_cache of the (page, layer) key spans
 # attention_paged will read for these tokens (each row's pages up to its tokens' last
@@ -790,9 +793,12 @@ def _lm_read_ahead(context, builder, sig, args, b):
     # a panel tile's read-ahead in block b (its operands after width: aux, starts, lps, first,
     # end, per_block): lines first + b * per_block + j (j < per_block) below end, line i being
     # the (i % lps)-th 64-byte line of the span at byte starts[i // lps] of aux, asked for into
-    # every cache level; never faults, changes no value
+    # every cache level; never faults, changes no value. Emitted only in a read-ahead motif's
+    # module: the others' blocks carry no loop for it
     from llvmlite import ir as llir
 
+    if not READ_AHEAD:
+        return
     i64 = llir.IntType(64)
     aux, starts, lps, first, end, per_block = _lm_arguments(context, builder, sig, args)[12:]
     base = builder.bitcast(context.make_array(sig.args[12])(context, builder, aux).data, llir.IntType(8).as_pointer())
@@ -1023,7 +1029,8 @@ def render_module(motif: str = "matmul_q4_1_i16") -> str:
     constants = (f"PREFETCH_BYTES = {PREFETCH_BYTES}\nPARALLEL_QUANTIZE_BLOCKS = {PARALLEL_QUANTIZE_BLOCKS}\nGROUP = {QUANTIZE_GROUP}\nBLOCK = {BLOCK}\nBLOCK_BYTES = {BLOCK_BYTES[dtype]}\n"
                  f"CODES_OFFSET = {DTYPES[dtype].codes_offset}\nQ4 = {(DTYPES[dtype].panel_of or dtype) == 'q4_1'}\n")
     if PANEL_ROWS[dtype]:
-        constants += f"PANEL = {PANEL_ROWS[dtype]}\nTOKENS = {panel_tokens()}\nAHEAD_TOKENS = {AHEAD_TOKENS}\n"
+        constants += (f"PANEL = {PANEL_ROWS[dtype]}\nTOKENS = {panel_tokens()}\nAHEAD_TOKENS = {AHEAD_TOKENS}\n"
+                      f"READ_AHEAD = {motif in AHEAD}\n")
         intrinsics, driver = _PANEL_INTRINSICS, _PANEL_AHEAD_DRIVER if motif in AHEAD else _PANEL_DRIVER
     else:
         tile_rows, tile_tokens = tile_shape()
