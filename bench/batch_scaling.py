@@ -1,0 +1,132 @@
+"""How far 8 streams can get above batch 1: the served steps, and the same calls as fast as in cache.
+
+Run by hand (not in CI):
+
+    .venv/bin/python bench/batch_scaling.py [--streams 8] [--tokens 32] [--repeats 3] [--reps 30]
+
+Issue 22 asks for 8 concurrent streams at >= 4x Loom's own batch 1, so for an 8-row decode
+step of at most twice a batch-1 step. In one process this measures:
+  served   the decode steps of scout at batch 1 and at `--streams` rows, kernel by kernel, as
+           bench/step_profile.py does (the fastest `--keep` share of the steps);
+  in cache one decode step's calls at each row count, each run `--reps` times back to back on
+           its own arguments (so its weights, keys and activations are in cache): the median
+           of each call, summed by kernel.
+A call cannot run faster with its operands in memory than in cache, so the in-cache sum plus
+the served host time is a lower bound on the step with these kernels. It prints the budget
+that 4x asks for and the ratio that bound allows. Repeating a call changes the values of the
+residual stream it adds to (they stay finite); the engine is closed after, nothing is served
+from that state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import describe  # noqa: E402
+from step_profile import HOST, fastest_steps, kernel_totals, timed_run  # noqa: E402
+from text import LoomText  # noqa: E402
+
+from loomc.run import dispatch  # noqa: E402
+from loomc.run.kernel_thread import on_kernel_thread  # noqa: E402
+
+GOAL = 4.0
+
+
+def served_profile(engine: LoomText, rows: int, tokens: int, repeats: int, keep: float,
+                   captured: dict[int, list]) -> dict[str, tuple[float, float]]:
+    """Per kernel name (and HOST): (seconds per step, calls per step) over the fastest steps;
+    the calls of one pure decode step at `rows` rows go into `captured[rows]`."""
+    steps: list[list[tuple[str, float]]] = []
+    run = timed_run(steps)
+
+    def recording(self, params, state, inputs):
+        out = run(self, params, state, inputs)
+        if inputs["tokens"].size == inputs["last"].size == rows and rows not in captured:   # one token a row
+            plan = self.prepare(params, state, inputs)   # the same ShapePlan: its calls and buffers
+            captured[rows] = list(plan.calls)
+        return out
+
+    dispatch.CommandProgram._run = recording
+    for _ in range(repeats):
+        engine.decode(tokens, streams=rows)
+    steps = [s for s in steps if s and s[0][0] == HOST and s[0][1] < 1.0]   # not across repeats
+    calls = collections.Counter(len(s) for s in steps).most_common(1)[0][0]   # the pure decode steps'
+    fastest = fastest_steps([s for s in steps if len(s) == calls], keep)
+    totals = kernel_totals(fastest)
+    return {name: (seconds / len(fastest), count / len(fastest)) for name, (seconds, count) in totals.items()}
+
+
+def in_cache(calls: list, reps: int) -> dict[str, float]:
+    """Per kernel name: seconds per step, each call at the median of `reps` back-to-back runs."""
+    def measure() -> dict[str, float]:
+        out: dict[str, float] = collections.defaultdict(float)
+        for fn, args in calls:
+            fn(*args)
+            times = []
+            for _ in range(reps):
+                start = time.perf_counter()
+                fn(*args)
+                times.append(time.perf_counter() - start)
+            out[getattr(fn, "__name__", None) or repr(fn)] += statistics.median(times)
+        return out
+    return on_kernel_thread(measure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per prompt")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keep", type=float, default=0.8, help="share of the fastest steps summarised")
+    parser.add_argument("--reps", type=int, default=30, help="back-to-back runs of each call in cache")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    print(describe())
+    engine = LoomText(args.threads)
+    original = dispatch.CommandProgram._run
+    captured: dict[int, list] = {}
+    served = {}
+    try:
+        for rows in (1, args.streams):
+            engine.decode(8, streams=rows)   # every kernel of both stages loaded
+            served[rows] = served_profile(engine, rows, args.tokens, args.repeats, args.keep, captured)
+            dispatch.CommandProgram._run = original
+        cached = {rows: in_cache(captured[rows], args.reps) for rows in (1, args.streams)}
+    finally:
+        dispatch.CommandProgram._run = original
+        engine.close()
+
+    def step(rows: int) -> tuple[float, float]:
+        total = sum(seconds for seconds, _ in served[rows].values())
+        return total, served[rows][HOST][0]
+
+    (one, one_host), (many, many_host) = step(1), step(args.streams)
+    budget = args.streams * one / GOAL
+    bound = sum(cached[args.streams].values()) + many_host
+    print(f"\nserved: batch 1 {one * 1e3:.2f} ms a step (host {one_host * 1e3:.2f}), {args.streams} rows "
+          f"{many * 1e3:.2f} ms (host {many_host * 1e3:.2f}): {args.streams} streams = "
+          f"{args.streams * one / many:.2f}x batch 1")
+    print(f"{GOAL:g}x batch 1 needs the {args.streams}-row step at <= {budget * 1e3:.2f} ms")
+    print(f"every call as fast as in cache, the host as served: {args.streams} rows {bound * 1e3:.2f} ms "
+          f"-> at most {args.streams * one / bound:.2f}x batch 1 (batch 1 itself in cache: "
+          f"{(sum(cached[1].values()) + one_host) * 1e3:.2f} ms)")
+    print(f"\n{'kernel':<28} {'calls':>5} {'served 1':>9} {'cache 1':>9} "
+          f"{f'served {args.streams}':>9} {f'cache {args.streams}':>9}   (us a step)")
+    names = sorted(set(served[args.streams]) | {HOST}, key=lambda n: -served[args.streams].get(n, (0, 0))[0])
+    for name in names:
+        row = [served[1].get(name, (0.0, 0))[0], cached[1].get(name, 0.0) if name != HOST else one_host,
+               served[args.streams].get(name, (0.0, 0))[0],
+               cached[args.streams].get(name, 0.0) if name != HOST else many_host]
+        print(f"{name.removeprefix('k_'):<28} {served[args.streams].get(name, (0, 0))[1]:5.0f} "
+              + " ".join(f"{v * 1e6:9.1f}" for v in row))
+
+
+if __name__ == "__main__":
+    main()
