@@ -8,6 +8,9 @@ Issue 22 asks for 8 concurrent streams at >= 4x Loom's own batch 1, so for an 8-
 step of at most twice a batch-1 step. In one process this measures:
   served   the decode steps of scout at batch 1 and at `--streams` rows, kernel by kernel, as
            bench/step_profile.py does (the fastest `--keep` share of the steps);
+  in order the same step's calls run `--reps` times in step order with no host work between
+           (each call's median): what the kernels take, their weights from memory, without
+           what serving adds between steps;
   in cache one decode step's calls at each row count, each run `--reps` times back to back on
            its own arguments (so its weights, keys and activations are in cache): the median
            of each call, summed by kernel.
@@ -63,6 +66,23 @@ def served_profile(engine: LoomText, rows: int, tokens: int, repeats: int, keep:
     return {name: (seconds / len(fastest), count / len(fastest)) for name, (seconds, count) in totals.items()}
 
 
+def in_order(calls: list, reps: int) -> dict[str, float]:
+    """Per kernel name: seconds per step, the step's calls run in order `reps` times with no host
+    work between (each call's median): the weights stream from memory as served."""
+    def measure() -> dict[str, float]:
+        times: list[list[float]] = [[] for _ in calls]
+        for _ in range(reps):
+            for i, (fn, args) in enumerate(calls):
+                start = time.perf_counter()
+                fn(*args)
+                times[i].append(time.perf_counter() - start)
+        out: dict[str, float] = collections.defaultdict(float)
+        for (fn, _), spent in zip(calls, times):
+            out[getattr(fn, "__name__", None) or repr(fn)] += statistics.median(spent)
+        return out
+    return on_kernel_thread(measure)
+
+
 def in_cache(calls: list, reps: int) -> dict[str, float]:
     """Per kernel name: seconds per step, each call at the median of `reps` back-to-back runs."""
     def measure() -> dict[str, float]:
@@ -85,7 +105,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="tokens decoded per prompt")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep", type=float, default=0.8, help="share of the fastest steps summarised")
-    parser.add_argument("--reps", type=int, default=30, help="back-to-back runs of each call in cache")
+    parser.add_argument("--reps", type=int, default=30, help="runs of the step in order, and back-to-back runs of each call in cache")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     print(describe())
@@ -98,6 +118,7 @@ def main() -> None:
             engine.decode(8, streams=rows)   # every kernel of both stages loaded
             served[rows] = served_profile(engine, rows, args.tokens, args.repeats, args.keep, captured)
             dispatch.CommandProgram._run = original
+        ordered = {rows: in_order(captured[rows], args.reps) for rows in (1, args.streams)}
         cached = {rows: in_cache(captured[rows], args.reps) for rows in (1, args.streams)}
     finally:
         dispatch.CommandProgram._run = original
@@ -117,15 +138,19 @@ def main() -> None:
     print(f"every call as fast as in cache, the host as served: {args.streams} rows {bound * 1e3:.2f} ms "
           f"-> at most {args.streams * one / bound:.2f}x batch 1 (batch 1 itself in cache: "
           f"{(sum(cached[1].values()) + one_host) * 1e3:.2f} ms)")
-    print(f"\n{'kernel':<28} {'calls':>5} {'served 1':>9} {'cache 1':>9} "
-          f"{f'served {args.streams}':>9} {f'cache {args.streams}':>9}   (us a step)")
+    print(f"kernels alone, in step order (no host between steps): batch 1 {sum(ordered[1].values()) * 1e3:.2f} ms, "
+          f"{args.streams} rows {sum(ordered[args.streams].values()) * 1e3:.2f} ms")
+    print(f"\n{'kernel':<28} {'calls':>5} {'served':>8} {'order':>8} {'cache':>8} | {'served':>8} {'order':>8} {'cache':>8}"
+          f"   (us a step: batch 1 | {args.streams} rows)")
     names = sorted(set(served[args.streams]) | {HOST}, key=lambda n: -served[args.streams].get(n, (0, 0))[0])
     for name in names:
-        row = [served[1].get(name, (0.0, 0))[0], cached[1].get(name, 0.0) if name != HOST else one_host,
-               served[args.streams].get(name, (0.0, 0))[0],
-               cached[args.streams].get(name, 0.0) if name != HOST else many_host]
+        row = []
+        for rows in (1, args.streams):
+            host = served[rows][HOST][0]
+            row += [served[rows].get(name, (0.0, 0))[0], ordered[rows].get(name, 0.0) if name != HOST else host,
+                    cached[rows].get(name, 0.0) if name != HOST else host]
         print(f"{name.removeprefix('k_'):<28} {served[args.streams].get(name, (0, 0))[1]:5.0f} "
-              + " ".join(f"{v * 1e6:9.1f}" for v in row))
+              + " ".join(f"{v * 1e6:8.1f}" for v in row[:3]) + " | " + " ".join(f"{v * 1e6:8.1f}" for v in row[3:]))
 
 
 if __name__ == "__main__":
