@@ -6,8 +6,8 @@ Run by hand (not in CI):
 
 Issue 22 asks for 8 concurrent streams at >= 4x Loom's own batch 1, so for an 8-row decode
 step of at most twice a batch-1 step. In one process this measures:
-  served   the decode steps of scout at batch 1 and at `--streams` rows, kernel by kernel, as
-           bench/step_profile.py does (the fastest `--keep` share of the steps);
+  served   the decode steps (one token a row) of scout at batch 1 and at `--streams` rows,
+           kernel by kernel, as bench/step_profile.py times them (the fastest `--keep` share);
   in order the same step's calls run `--reps` times in step order with no host work between
            (each call's median): what the kernels take, their weights from memory, without
            what serving adds between steps;
@@ -47,21 +47,23 @@ def served_profile(engine: LoomText, rows: int, tokens: int, repeats: int, keep:
     """Per kernel name (and HOST): (seconds per step, calls per step) over the fastest steps;
     the calls of one pure decode step at `rows` rows go into `captured[rows]`."""
     steps: list[list[tuple[str, float]]] = []
+    decode: list[list[tuple[str, float]]] = []   # the steps of one token a row, at `rows` rows
     run = timed_run(steps)
 
     def recording(self, params, state, inputs):
         out = run(self, params, state, inputs)
-        if inputs["tokens"].size == inputs["last"].size == rows and rows not in captured:   # one token a row
-            plan = self.prepare(params, state, inputs)   # the same ShapePlan: its calls and buffers
-            captured[rows] = list(plan.calls)
+        if inputs["tokens"].size == inputs["last"].size == rows:   # one token a row: a decode step
+            decode.append(steps[-1])
+            if rows not in captured:
+                plan = self.prepare(params, state, inputs)   # the same ShapePlan: its calls and buffers
+                captured[rows] = list(plan.calls)
         return out
 
     dispatch.CommandProgram._run = recording
     for _ in range(repeats):
         engine.decode(tokens, streams=rows)
-    steps = [s for s in steps if s and s[0][0] == HOST and s[0][1] < 1.0]   # not across repeats
-    calls = collections.Counter(len(s) for s in steps).most_common(1)[0][0]   # the pure decode steps'
-    fastest = fastest_steps([s for s in steps if len(s) == calls], keep)
+    decode = [s for s in decode if s[0][0] == HOST and s[0][1] < 1.0]   # not across repeats
+    fastest = fastest_steps(decode, keep)
     totals = kernel_totals(fastest)
     return {name: (seconds / len(fastest), count / len(fastest)) for name, (seconds, count) in totals.items()}
 
