@@ -752,6 +752,11 @@ def _lm_dot_pairs(builder, acc, w, x):
     return builder.add(acc, _lm_dot16(builder, w, x))
 
 
+def _lm_stream_distance(tokens):
+    # how far ahead a panel tile of `tokens` rows of x asks for its weights' lines
+    return PREFETCH_BYTES if tokens == 1 else PANEL_ROWS_PREFETCH_BYTES
+
+
 def _lm_panel_operands(context, builder, sig, args, tokens):
     # a panel tile's operands (w, w_off, ws, q_off, d_off, s_off, blocks, depth, stride, y,
     # y_off, width) as pointers: (the panel's bytes, each row of x's codes, the activation
@@ -847,7 +852,7 @@ def _lm_panel_codegen(tokens):
         fma16 = _lm_ir_function(builder, "llvm.fma.v16f32", v16f, [v16f, v16f, v16f])
         zero_i = llir.Constant(v16i, [0] * 16)
         chains = max(1, 4 // tokens)   # independent integer sums per row of x (exact: any split)
-        ahead = PREFETCH_BYTES if tokens == 1 else PANEL_ROWS_PREFETCH_BYTES
+        ahead = _lm_stream_distance(tokens)
 
         def splat(value, vector):
             return _lm_splat(builder, value, vector)
@@ -919,7 +924,7 @@ def _lm_panel_halves(context, builder, sig, args, tokens):
     fma8 = _lm_ir_function(builder, "llvm.fma.v8f32", v8f, [v8f, v8f, v8f])
     zero_i = llir.Constant(v8i, [0] * 8)
     chains = max(1, 4 // tokens)
-    ahead = PREFETCH_BYTES if tokens == 1 else PANEL_ROWS_PREFETCH_BYTES
+    ahead = _lm_stream_distance(tokens)
     half_rows = PANEL // 2
 
     def splat(value, vector):
