@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import describe  # noqa: E402
-from step_profile import HOST, fastest_steps, kernel_totals, timed_run  # noqa: E402
+from step_profile import HOST, fastest_steps, kernel_name, kernel_totals, timed_run  # noqa: E402
 from text import LoomText  # noqa: E402
 
 from loomc.run import dispatch  # noqa: E402
@@ -71,34 +71,39 @@ def served_profile(engine: LoomText, rows: int, tokens: int, repeats: int, keep:
 def in_order(calls: list, reps: int) -> dict[str, float]:
     """Per kernel name: seconds per step, the step's calls run in order `reps` times with no host
     work between (each call's median): the weights stream from memory as served."""
-    def measure() -> dict[str, float]:
+    def measure() -> list[list[float]]:
         times: list[list[float]] = [[] for _ in calls]
         for _ in range(reps):
-            for i, (fn, args) in enumerate(calls):
+            for spent, (fn, args) in zip(times, calls):
                 start = time.perf_counter()
                 fn(*args)
-                times[i].append(time.perf_counter() - start)
-        out: dict[str, float] = collections.defaultdict(float)
-        for (fn, _), spent in zip(calls, times):
-            out[getattr(fn, "__name__", None) or repr(fn)] += statistics.median(spent)
-        return out
-    return on_kernel_thread(measure)
+                spent.append(time.perf_counter() - start)
+        return times
+    return by_kernel(calls, on_kernel_thread(measure))
 
 
 def in_cache(calls: list, reps: int) -> dict[str, float]:
     """Per kernel name: seconds per step, each call at the median of `reps` back-to-back runs."""
-    def measure() -> dict[str, float]:
-        out: dict[str, float] = collections.defaultdict(float)
+    def measure() -> list[list[float]]:
+        times: list[list[float]] = []
         for fn, args in calls:
             fn(*args)
-            times = []
+            spent = []
             for _ in range(reps):
                 start = time.perf_counter()
                 fn(*args)
-                times.append(time.perf_counter() - start)
-            out[getattr(fn, "__name__", None) or repr(fn)] += statistics.median(times)
-        return out
-    return on_kernel_thread(measure)
+                spent.append(time.perf_counter() - start)
+            times.append(spent)
+        return times
+    return by_kernel(calls, on_kernel_thread(measure))
+
+
+def by_kernel(calls: list, times: list[list[float]]) -> dict[str, float]:
+    """Each call's median seconds, summed by kernel name."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for (fn, _), spent in zip(calls, times):
+        out[kernel_name(fn)] += statistics.median(spent)
+    return out
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def timed_run(steps: list[list[tuple[str, float]]]):
             start = time.perf_counter()
             fn(*args)
             elapsed = time.perf_counter() - start   # before the name: a dispatcher's repr is not free
-            record.append((getattr(fn, "__name__", None) or repr(fn), elapsed))
+            record.append((kernel_name(fn), elapsed))
         steps.append(record)
         results = {name: buf.copy() for name, buf in plan.results.items()}
         last_return[0] = time.perf_counter()
@@ -55,6 +55,11 @@ def timed_run(steps: list[list[tuple[str, float]]]):
 
 
 HOST = "(host, between steps)"
+
+
+def kernel_name(fn) -> str:
+    """A launched function's name, for the tables."""
+    return getattr(fn, "__name__", None) or repr(fn)
 
 
 def main() -> None:
