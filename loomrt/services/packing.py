@@ -54,8 +54,11 @@ def pack_rows(rows: Sequence[TokenRow], pages_per_row: int | None = None) -> dic
         positions.extend(range(r.start, r.start + n))
         owners.extend([i] * n)
         last.append(len(tokens) - 1)
+        pad = width - len(r.pages)
+        if pad < 0:   # the flat table would reshape into shifted rows instead of failing
+            raise ValueError(f"row {i} has {len(r.pages)} pages, more than the table's {width}")
         table.extend(r.pages)
-        table.extend([NO_PAGE] * (width - len(r.pages)))
+        table.extend([NO_PAGE] * pad)
     return {"tokens": np.array(tokens, np.int32), "positions": np.array(positions, np.int32),
             "rows": np.array(owners, np.int32), "last": np.array(last, np.int32),
             "page_table": np.array(table, np.int32).reshape(len(rows), width)}
